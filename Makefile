@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` and `make test`. Both set up .venv themselves.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PACKAGES := core transport collectives testing
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench lint clean
+
+$(STAMP): Makefile pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyproject.toml)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q 'pip>=25.1'
+	$(BIN)/python -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)[test]) --group dev
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo_all_reduce.py
+
+test: $(STAMP)
+	$(BIN)/python tools/check_layers.py
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest bench -q --benchmark-only --benchmark-columns=median,iqr,rounds --benchmark-json=.benchmarks/kernels.json
+	$(BIN)/python tools/bench_ratios.py .benchmarks/kernels.json
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .benchmarks .hypothesis

@@ -1,0 +1,125 @@
+"""One collective call in flight: its tag, its deadline, its peers and its scratch space.
+
+Algorithms talk to peers by *group* rank through a ``Call``; the call turns those into
+transport ranks, keeps every wait within the call's deadline, and keeps the call's
+messages apart from every other call's (each call has its own tag).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ferrodist.core import CollectiveTimeout
+from ferrodist.transport import Request, Transport
+
+Array = np.ndarray[Any, Any]
+
+# Transport tag layout: [group id][1 bit: collective][8 bits: operation][31 bits: sequence or user tag].
+_SEQ_BITS = 31
+_OP_BITS = 8
+_COLLECTIVE_BIT = 1 << (_SEQ_BITS + _OP_BITS)
+_GROUP_SHIFT = _SEQ_BITS + _OP_BITS + 1
+MAX_USER_TAG = (1 << _SEQ_BITS) - 1
+
+OPERATION_CODES = {
+    name: code
+    for code, name in enumerate(
+        (
+            "all_reduce",
+            "broadcast",
+            "reduce",
+            "all_gather",
+            "reduce_scatter",
+            "gather",
+            "scatter",
+            "all_to_all",
+            "barrier",
+        ),
+        start=1,
+    )
+}
+
+
+def collective_tag(group_id: int, operation: str, seq: int) -> int:
+    """The transport tag of collective call number ``seq`` of ``operation`` on a group.
+
+    The operation is part of the tag, so ranks that disagree about which collective
+    comes next wait (and time out naming each other) instead of exchanging bytes.
+    """
+    return (group_id << _GROUP_SHIFT) | _COLLECTIVE_BIT | (OPERATION_CODES[operation] << _SEQ_BITS) | (
+        seq & MAX_USER_TAG
+    )
+
+
+def p2p_tag(group_id: int, tag: int) -> int:
+    """The transport tag of a user's point-to-point message with ``tag`` on a group."""
+    return (group_id << _GROUP_SHIFT) | tag
+
+
+class Scratch:
+    """Reusable byte buffers, one set per thread (calls run in the caller's thread or a
+    group's async worker). A buffer only grows; it is never allocated per step."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def get(self, slot: int, count: int, dtype: np.dtype[Any]) -> Array:
+        buffers: dict[int, Array] = self._local.__dict__.setdefault("buffers", {})
+        nbytes = count * dtype.itemsize
+        buf = buffers.get(slot)
+        if buf is None or buf.nbytes < nbytes:
+            buf = np.empty(max(nbytes, 64), np.uint8)
+            buffers[slot] = buf
+        return buf[:nbytes].view(dtype)
+
+
+@dataclass
+class Call:
+    """The context one algorithm runs in."""
+
+    transport: Transport
+    ranks: Sequence[int]  # group rank -> transport rank
+    rank: int  # this rank, in the group
+    tag: int
+    deadline: float
+    scratch: Scratch
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def remaining(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise CollectiveTimeout("the call ran out of time before its next step", rank=self.ranks[self.rank])
+        return left
+
+    def isend(self, buf: Array, peer: int) -> Request:
+        return self.transport.isend(buf, self.ranks[peer], self.tag)
+
+    def irecv(self, buf: Array, peer: int) -> Request:
+        return self.transport.irecv(buf, self.ranks[peer], self.tag)
+
+    def send(self, buf: Array, peer: int) -> None:
+        self.transport.send(buf, self.ranks[peer], self.tag, timeout=self.remaining())
+
+    def recv(self, buf: Array, peer: int) -> None:
+        self.transport.recv(buf, self.ranks[peer], self.tag, timeout=self.remaining())
+
+    def wait(self, request: Request) -> None:
+        request.wait(self.remaining())
+
+    def wait_all(self, requests: Sequence[Request]) -> None:
+        for request in requests:
+            request.wait(self.remaining())
+
+    def exchange(self, send_buf: Array, to: int, recv_buf: Array, frm: int) -> None:
+        """Send to one peer and receive from another at the same time (one ring step)."""
+        outgoing = self.isend(send_buf, to)
+        self.recv(recv_buf, frm)
+        self.wait(outgoing)

@@ -1,0 +1,108 @@
+"""Argument checks shared by the collectives: everything is validated before a byte moves."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, ReduceOp, Tensor, as_tensor
+from ferrodist.core._dtypes import check_op
+
+from ._call import Array
+
+
+class Checker:
+    """Builds error messages that name the rank and the operation."""
+
+    def __init__(self, rank: int, operation: str) -> None:
+        self.rank = rank
+        self.operation = operation
+
+    def fail(self, message: str, cls: type[FerrodistError] = InvalidArgument) -> FerrodistError:
+        return cls(f"rank {self.rank}: {self.operation}: {message}", rank=self.rank, operation=self.operation)
+
+    def tensor(self, obj: object, what: str = "tensor", *, writeable: bool = False) -> Tensor:
+        try:
+            t = as_tensor(obj)
+        except FerrodistError as exc:
+            raise exc.with_context(f"rank {self.rank}: {self.operation}: {what}") from None
+        if writeable and not t.writeable:
+            raise self.fail(f"{what} is read-only but this rank writes its result into it; pass a writeable array")
+        return t
+
+    def op(self, op: object, tensor: Tensor) -> ReduceOp:
+        try:
+            reduce_op = ReduceOp.coerce(op)
+        except InvalidArgument as exc:
+            raise exc.with_context(f"rank {self.rank}: {self.operation}") from None
+        check_op(reduce_op, tensor.dtype, operation=self.operation, rank=self.rank)
+        return reduce_op
+
+    def root(self, root: object, size: int, what: str) -> int:
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+            raise self.fail(f"{what} must be an integer rank, not {root!r}", InvalidRank)
+        if not 0 <= int(root) < size:
+            raise self.fail(f"{what}={root} is outside the group (valid: 0..{size - 1})", InvalidRank)
+        return int(root)
+
+    def blocks(self, obj: object, like: Tensor, size: int, what: str, *, writeable: bool) -> list[Array]:
+        """``size`` flat arrays shaped like ``like``: from a list of ``size`` tensors, or from one
+        tensor of ``size * like.numel`` elements split into equal consecutive blocks."""
+        if isinstance(obj, (list, tuple)):
+            if len(obj) != size:
+                raise self.fail(f"{what} has {len(obj)} entries but the group has {size} ranks; pass one per rank")
+            tensors = [self.tensor(item, f"{what}[{i}]", writeable=writeable) for i, item in enumerate(obj)]
+            for i, t in enumerate(tensors):
+                self.same_kind(t, like, f"{what}[{i}]")
+            return [t.flat() for t in tensors]
+        whole = self.tensor(obj, what, writeable=writeable)
+        if whole.dtype is not like.dtype:
+            raise self.fail(f"{what} is {whole.dtype.name} but the tensor is {like.dtype.name}; use one dtype")
+        if whole.numel != size * like.numel:
+            raise self.fail(
+                f"{what} has {whole.numel} elements; it needs group size x tensor elements = "
+                f"{size} x {like.numel} = {size * like.numel} (or pass a list of {size} tensors)"
+            )
+        flat = whole.flat()
+        return [flat[i * like.numel : (i + 1) * like.numel] for i in range(size)]
+
+    def same_kind(self, t: Tensor, like: Tensor, what: str) -> None:
+        if t.dtype is not like.dtype:
+            raise self.fail(f"{what} is {t.dtype.name} but the tensor is {like.dtype.name}; use one dtype")
+        if t.numel != like.numel:
+            raise self.fail(f"{what} has {t.numel} elements but the tensor has {like.numel}; they must match")
+
+    def absent(self, obj: object, what: str, root_name: str, root: int) -> None:
+        if obj is not None:
+            raise self.fail(
+                f"{what} is only used on the {root_name} rank ({root}); pass None on the other ranks"
+            )
+
+    def present(self, obj: object, what: str) -> Any:
+        if obj is None:
+            raise self.fail(f"{what} is required on this rank (it is the root); pass a list or a tensor")
+        return obj
+
+    def tensors(self, obj: object, size: int, what: str, *, writeable: bool) -> list[Tensor]:
+        if isinstance(obj, (list, tuple)):
+            if len(obj) != size:
+                raise self.fail(f"{what} has {len(obj)} entries but the group has {size} ranks")
+            return [self.tensor(item, f"{what}[{i}]", writeable=writeable) for i, item in enumerate(obj)]
+        raise self.fail(f"{what} must be a list of {size} tensors, not {type(obj).__name__}")
+
+
+def split_equally(checker: Checker, obj: object, size: int, what: str, *, writeable: bool) -> list[Tensor]:
+    """One tensor split into ``size`` equal blocks, or a list of ``size`` tensors, as Tensors."""
+    if isinstance(obj, (list, tuple)):
+        return checker.tensors(obj, size, what, writeable=writeable)
+    whole = checker.tensor(obj, what, writeable=writeable)
+    if whole.numel % size:
+        raise checker.fail(f"{what} has {whole.numel} elements, not divisible by the group size {size}")
+    part = whole.numel // size
+    flat = whole.flat()
+    return [Tensor(flat[i * part : (i + 1) * part]) for i in range(size)]
+
+
+def flats(tensors: Sequence[Tensor]) -> list[Array]:
+    return [t.flat() for t in tensors]

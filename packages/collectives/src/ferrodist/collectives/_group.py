@@ -1,0 +1,442 @@
+"""``ProcessGroup``: a set of ranks and the collectives they run together.
+
+Ranks passed to a ``ProcessGroup`` method are *group* ranks (0 .. size-1), as on
+``torch.distributed.ProcessGroup`` objects; the module-level functions take global
+ranks and translate. Every argument is checked before a byte moves; every call has
+a deadline; an error names the rank, the call and its sequence number.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, ReduceOp
+from ferrodist.core._reduce import reducer
+from ferrodist.transport import Transport
+
+from . import _direct, _doubling, _ring, _tree
+from ._call import MAX_USER_TAG, Call, Scratch, collective_tag, p2p_tag
+from ._checks import Checker, flats, split_equally
+from ._select import all_reduce_algorithm
+from ._work import RequestWork, Work, Worker
+
+Body = Callable[[Call], None]
+
+
+class ProcessGroup:
+    """Ranks that run collectives together; made by ``init_process_group`` (the world) and
+    ``new_group`` (subsets).
+
+    Example (each rank runs this)::
+
+        world = init_process_group("simulated", transport=t)  # rank 0 and rank 1
+        x = np.array([rank + 1.0])
+        world.all_reduce(x)          # rank 0: [3.]   rank 1: [3.]
+    """
+
+    def __init__(
+        self, transport: Transport, ranks: Sequence[int], group_id: int, *, timeout: float, name: str
+    ) -> None:
+        self._transport = transport
+        self._ranks = tuple(ranks)
+        self._group_id = group_id
+        self._timeout = float(timeout)
+        self._name = name
+        self._global_rank = transport.rank
+        self._rank = self._ranks.index(self._global_rank) if self._global_rank in self._ranks else None
+        self._seq = itertools.count()
+        self._seq_lock = threading.Lock()
+        self._scratch = Scratch()
+        self._worker: Worker | None = None
+        self._worker_lock = threading.Lock()
+        self._child_ids = itertools.count(1)  # ids of the groups new_group derives from this one
+        self._destroyed = False
+
+    # -- identity ------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self._member_rank("rank")
+
+    @property
+    def size(self) -> int:
+        return len(self._ranks)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The global ranks of the members, in group-rank order."""
+        return self._ranks
+
+    @property
+    def global_rank(self) -> int:
+        return self._global_rank
+
+    @property
+    def is_member(self) -> bool:
+        return self._rank is not None
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def transport(self) -> Transport:
+        return self._transport
+
+    def group_rank(self, global_rank: int) -> int:
+        """The group rank of a global rank (``InvalidRank`` if it is not a member)."""
+        try:
+            return self._ranks.index(int(global_rank))
+        except (ValueError, TypeError):
+            raise InvalidRank(
+                f"rank {self._global_rank}: global rank {global_rank!r} is not in group {self._name} "
+                f"(members: {list(self._ranks)})",
+                rank=self._global_rank,
+            ) from None
+
+    def __repr__(self) -> str:
+        me = f"rank={self._rank}" if self.is_member else "not a member"
+        return f"<ProcessGroup {self._name} ranks={list(self._ranks)} {me}>"
+
+    def _member_rank(self, operation: str) -> int:
+        if self._destroyed:
+            raise InvalidArgument(
+                f"rank {self._global_rank}: {operation} on group {self._name}, which was destroyed",
+                rank=self._global_rank,
+                operation=operation,
+            )
+        if self._rank is None:
+            raise InvalidRank(
+                f"rank {self._global_rank}: {operation}: this rank is not a member of group {self._name} "
+                f"(members: {list(self._ranks)}); only members may use it",
+                rank=self._global_rank,
+                operation=operation,
+            )
+        return self._rank
+
+    def _child_id(self) -> int:
+        return next(self._child_ids)
+
+    # -- running a call ------------------------------------------------------------------------
+    def _launch(self, operation: str, body: Body, *, async_op: bool, timeout: float | None) -> Work | None:
+        rank = self._member_rank(operation)
+        limit = self._limit(timeout, operation)
+        with self._seq_lock:
+            seq = next(self._seq)
+        tag = collective_tag(self._group_id, operation, seq)
+        context = f"rank {self._global_rank}: {operation} #{seq} on group {self._name} (group rank {rank} of {self.size})"
+
+        def run() -> None:
+            call = Call(self._transport, self._ranks, rank, tag, time.monotonic() + limit, self._scratch)
+            try:
+                body(call)
+            except FerrodistError as exc:
+                raise exc.with_context(context, rank=self._global_rank, operation=operation).with_traceback(
+                    exc.__traceback__
+                ) from None
+
+        if not async_op:
+            run()
+            return None
+        work = Work(f"{operation} #{seq} on group {self._name}")
+        self._get_worker().submit(run, work)
+        return work
+
+    def _limit(self, timeout: float | None, operation: str) -> float:
+        if timeout is None:
+            return self._timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise InvalidArgument(
+                f"rank {self._global_rank}: {operation}: timeout must be a positive number of seconds, not {timeout!r}",
+                rank=self._global_rank,
+                operation=operation,
+            )
+        return float(timeout)
+
+    def _get_worker(self) -> Worker:
+        with self._worker_lock:
+            if self._worker is None:
+                self._worker = Worker(f"ferrodist-{self._name}-rank{self._global_rank}")
+            return self._worker
+
+    def _checker(self, operation: str) -> Checker:
+        self._member_rank(operation)
+        return Checker(self._global_rank, operation)
+
+    # -- collectives ---------------------------------------------------------------------------
+    def all_reduce(
+        self,
+        tensor: Any,
+        op: ReduceOp | str = ReduceOp.SUM,
+        *,
+        async_op: bool = False,
+        timeout: float | None = None,
+        algorithm: str | None = None,
+    ) -> Work | None:
+        """Reduce ``tensor`` across the group, in place on every rank.
+
+        ``algorithm``: ``"auto"`` (default: recursive doubling up to 64 KiB, ring above),
+        ``"ring"`` or ``"recursive_doubling"``. Every rank ends with identical bits.
+
+        Example::
+
+            x = np.array([rank + 1, 10 * (rank + 1)])   # rank 0: [1, 10]  rank 1: [2, 20]
+            group.all_reduce(x, ReduceOp.MAX)            # rank 0: [2, 20]  rank 1: [2, 20]
+        """
+        check = self._checker("all_reduce")
+        t = check.tensor(tensor, writeable=True)
+        reduce_op = check.op(op, t)
+        name = all_reduce_algorithm(t.nbytes, self.size, algorithm, rank=self._global_rank)
+        engine = _ring.all_reduce if name == "ring" else _doubling.all_reduce
+        kernel = reducer(t.dtype, reduce_op)
+        divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
+        x = t.flat()
+        return self._launch(
+            "all_reduce", lambda call: engine(call, x, kernel, divisor), async_op=async_op, timeout=timeout
+        )
+
+    def broadcast(
+        self, tensor: Any, src: int = 0, *, async_op: bool = False, timeout: float | None = None
+    ) -> Work | None:
+        """Copy group rank ``src``'s ``tensor`` into every rank's ``tensor`` (binomial tree).
+
+        Example::
+
+            x = np.array([rank, rank])     # rank 0: [0, 0]  rank 1: [1, 1]
+            group.broadcast(x, src=1)      # rank 0: [1, 1]  rank 1: [1, 1]
+        """
+        check = self._checker("broadcast")
+        root = check.root(src, self.size, "src")
+        t = check.tensor(tensor, writeable=self._rank != root)
+        x = t.flat()
+        return self._launch(
+            "broadcast", lambda call: _tree.broadcast(call, x, root), async_op=async_op, timeout=timeout
+        )
+
+    def reduce(
+        self,
+        tensor: Any,
+        dst: int = 0,
+        op: ReduceOp | str = ReduceOp.SUM,
+        *,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
+        """Reduce ``tensor`` across the group into group rank ``dst``'s ``tensor``.
+        Other ranks' tensors are left unchanged.
+
+        Example::
+
+            x = np.array([rank + 1])       # rank 0: [1]  rank 1: [2]
+            group.reduce(x, dst=0)         # rank 0: [3]  rank 1: [2]
+        """
+        check = self._checker("reduce")
+        root = check.root(dst, self.size, "dst")
+        t = check.tensor(tensor, writeable=self._rank == root)
+        reduce_op = check.op(op, t)
+        kernel = reducer(t.dtype, reduce_op)
+        divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
+        x = t.flat()
+        return self._launch(
+            "reduce", lambda call: _tree.reduce(call, x, root, kernel, divisor), async_op=async_op, timeout=timeout
+        )
+
+    def all_gather(self, output: Any, tensor: Any, *, async_op: bool = False, timeout: float | None = None) -> Work | None:
+        """Every rank receives every rank's ``tensor``: ``output`` is a list of ``size`` tensors
+        shaped like ``tensor``, or one tensor of ``size * tensor.numel`` elements (rank-major).
+
+        Example::
+
+            out = [np.empty(1), np.empty(1)]
+            group.all_gather(out, np.array([rank * 1.0]))   # every rank: [[0.], [1.]]
+        """
+        check = self._checker("all_gather")
+        t = check.tensor(tensor)
+        blocks = check.blocks(output, t, self.size, "output", writeable=True)
+        x = t.flat()
+
+        def body(call: Call) -> None:
+            blocks[call.rank][...] = x
+            _ring.all_gather(call, blocks)
+
+        return self._launch("all_gather", body, async_op=async_op, timeout=timeout)
+
+    def reduce_scatter(
+        self,
+        output: Any,
+        input: Any,
+        op: ReduceOp | str = ReduceOp.SUM,
+        *,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
+        """Group rank i's ``output`` = reduction over ranks of their i-th input block. ``input``
+        is a list of ``size`` tensors shaped like ``output``, or one tensor of
+        ``size * output.numel`` elements. Inputs are not modified.
+
+        Example::
+
+            out = np.empty(1)
+            group.reduce_scatter(out, np.array([1.0, 2.0]))   # rank 0: [2.]  rank 1: [4.]
+        """
+        check = self._checker("reduce_scatter")
+        out_t = check.tensor(output, "output", writeable=True)
+        blocks = check.blocks(input, out_t, self.size, "input", writeable=False)
+        reduce_op = check.op(op, out_t)
+        kernel = reducer(out_t.dtype, reduce_op)
+        divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
+        out = out_t.flat()
+
+        def body(call: Call) -> None:
+            if call.size == 1:
+                out[...] = blocks[0]
+            else:
+                _ring.reduce_scatter(call, out, blocks, kernel, divisor)
+
+        return self._launch("reduce_scatter", body, async_op=async_op, timeout=timeout)
+
+    def gather(
+        self,
+        tensor: Any,
+        gather_list: Any = None,
+        dst: int = 0,
+        *,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
+        """Group rank ``dst`` receives every rank's ``tensor`` into ``gather_list`` (a list of
+        ``size`` tensors, or one tensor of ``size * tensor.numel`` elements); other ranks
+        pass ``gather_list=None``.
+
+        Example::
+
+            out = [np.empty(1), np.empty(1)] if rank == 0 else None
+            group.gather(np.array([rank * 1.0]), out, dst=0)   # rank 0: out == [[0.], [1.]]
+        """
+        check = self._checker("gather")
+        root = check.root(dst, self.size, "dst")
+        t = check.tensor(tensor)
+        if self._rank == root:
+            blocks = check.blocks(check.present(gather_list, "gather_list"), t, self.size, "gather_list", writeable=True)
+        else:
+            check.absent(gather_list, "gather_list", "dst", root)
+            blocks = None
+        x = t.flat()
+        return self._launch(
+            "gather", lambda call: _direct.gather(call, x, blocks, root), async_op=async_op, timeout=timeout
+        )
+
+    def scatter(
+        self,
+        tensor: Any,
+        scatter_list: Any = None,
+        src: int = 0,
+        *,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
+        """Group rank ``src`` sends block i of ``scatter_list`` to rank i's ``tensor``; other
+        ranks pass ``scatter_list=None``.
+
+        Example::
+
+            parts = [np.array([10.0]), np.array([20.0])] if rank == 0 else None
+            x = np.empty(1)
+            group.scatter(x, parts, src=0)      # rank 0: [10.]  rank 1: [20.]
+        """
+        check = self._checker("scatter")
+        root = check.root(src, self.size, "src")
+        t = check.tensor(tensor, writeable=True)
+        if self._rank == root:
+            blocks = check.blocks(check.present(scatter_list, "scatter_list"), t, self.size, "scatter_list", writeable=False)
+        else:
+            check.absent(scatter_list, "scatter_list", "src", root)
+            blocks = None
+        x = t.flat()
+        return self._launch(
+            "scatter", lambda call: _direct.scatter(call, x, blocks, root), async_op=async_op, timeout=timeout
+        )
+
+    def all_to_all(
+        self, outputs: Any, inputs: Any, *, async_op: bool = False, timeout: float | None = None
+    ) -> Work | None:
+        """Rank i's ``inputs[j]`` arrives in rank j's ``outputs[i]``. ``outputs`` and ``inputs``
+        are lists of ``size`` tensors (sizes may differ per pair, but ``outputs[i]`` on rank j
+        must match ``inputs[j]`` on rank i) or single tensors split into ``size`` equal blocks.
+
+        Example::
+
+            out = [np.empty(1), np.empty(1)]
+            ins = [np.array([10.0 * rank]), np.array([10.0 * rank + 1])]
+            group.all_to_all(out, ins)      # rank 0: [[0.], [10.]]  rank 1: [[1.], [11.]]
+        """
+        check = self._checker("all_to_all")
+        outs = split_equally(check, outputs, self.size, "outputs", writeable=True)
+        ins = split_equally(check, inputs, self.size, "inputs", writeable=False)
+        for i, (o, t) in enumerate(zip(outs, ins)):
+            if o.dtype is not ins[0].dtype or t.dtype is not ins[0].dtype:
+                raise check.fail(f"outputs[{i}] / inputs[{i}] mix dtypes; use {ins[0].dtype.name} throughout")
+        me = self._rank
+        assert me is not None
+        check.same_kind(ins[me], outs[me], f"inputs[{me}] (kept by this rank)")
+        out_flat, in_flat = flats(outs), flats(ins)
+        return self._launch(
+            "all_to_all", lambda call: _direct.all_to_all(call, out_flat, in_flat), async_op=async_op, timeout=timeout
+        )
+
+    def barrier(self, *, async_op: bool = False, timeout: float | None = None) -> Work | None:
+        """Return once every rank of the group has entered ``barrier`` (dissemination rounds)."""
+        self._checker("barrier")
+        return self._launch("barrier", _tree.barrier, async_op=async_op, timeout=timeout)
+
+    # -- point to point ------------------------------------------------------------------------
+    def _p2p(self, operation: str, tensor: Any, peer: int, tag: int, *, writeable: bool) -> tuple[Any, int, int, str]:
+        check = self._checker(operation)
+        peer_rank = check.root(peer, self.size, "dst" if operation in ("send", "isend") else "src")
+        if peer_rank == self._rank:
+            raise check.fail(f"peer {peer_rank} is this rank itself; copy the data locally", InvalidRank)
+        if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= MAX_USER_TAG:
+            raise check.fail(f"tag must be an integer in 0..{MAX_USER_TAG}, not {tag!r}")
+        t = check.tensor(tensor, writeable=writeable)
+        context = f"rank {self._global_rank}: {operation} with group rank {peer_rank} (tag {tag}) on group {self._name}"
+        return t.flat(), self._ranks[peer_rank], p2p_tag(self._group_id, tag), context
+
+    def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
+        """Start sending ``tensor`` to group rank ``dst``; don't modify it until ``wait()`` returns."""
+        x, peer, wire_tag, context = self._p2p("isend", tensor, dst, tag, writeable=False)
+        request = self._transport.isend(x, peer, wire_tag)
+        return RequestWork(context, request, self._timeout, context)
+
+    def irecv(self, tensor: Any, src: int, tag: int = 0) -> Work:
+        """Start receiving into ``tensor`` from group rank ``src``; read it after ``wait()``."""
+        x, peer, wire_tag, context = self._p2p("irecv", tensor, src, tag, writeable=True)
+        request = self._transport.irecv(x, peer, wire_tag)
+        return RequestWork(context, request, self._timeout, context)
+
+    def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Send ``tensor`` to group rank ``dst`` (matched by a ``recv`` there with the same tag)."""
+        x, peer, wire_tag, context = self._p2p("send", tensor, dst, tag, writeable=False)
+        request = self._transport.isend(x, peer, wire_tag)
+        RequestWork(context, request, self._limit(timeout, "send"), context).wait()
+
+    def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Receive into ``tensor`` from group rank ``src`` (the message must have its exact size)."""
+        x, peer, wire_tag, context = self._p2p("recv", tensor, src, tag, writeable=True)
+        request = self._transport.irecv(x, peer, wire_tag)
+        RequestWork(context, request, self._limit(timeout, "recv"), context).wait()
+
+    # -- lifetime --------------------------------------------------------------------------------
+    def _shutdown(self, timeout: float = 5.0) -> None:
+        """Finish queued async work and stop the worker; the group cannot be used afterwards."""
+        self._destroyed = True
+        with self._worker_lock:
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop(timeout)

@@ -1,0 +1,178 @@
+"""The default process group: set by ``init_process_group``, cleared by ``destroy_process_group``.
+
+A group made over a simulated transport (ranks as threads of one process) is the
+default group of the thread that made it; any other is the process's default group.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+from ferrodist.core import BackendUnavailable, InvalidArgument, InvalidRank, NotInitialized
+from ferrodist.transport import DEFAULT_TIMEOUT, SimulatedTransport, Transport
+
+from ._group import ProcessGroup
+
+_thread_default = threading.local()
+_process_default: list[ProcessGroup] = []  # zero or one element; a list so it can be cleared in place
+_lock = threading.Lock()
+
+#: Backends this release can start. "tcp", "shm" and "mpi" arrive with later releases.
+BACKENDS = ("simulated",)
+
+
+def _current() -> ProcessGroup | None:
+    group = getattr(_thread_default, "group", None)
+    if group is not None:
+        return group
+    return _process_default[0] if _process_default else None
+
+
+def is_initialized() -> bool:
+    """True when this thread has a default process group."""
+    return _current() is not None
+
+
+def default_group() -> ProcessGroup:
+    group = _current()
+    if group is None:
+        raise NotInitialized(
+            "no default process group: call ferrodist.collectives.init_process_group(...) first "
+            "(or run the function with ferrodist.testing.run_world)"
+        )
+    return group
+
+
+def resolve(group: ProcessGroup | None) -> ProcessGroup:
+    """The group a module-level call acts on."""
+    if group is None:
+        return default_group()
+    if not isinstance(group, ProcessGroup):
+        raise InvalidArgument(f"group must be a ProcessGroup from new_group() or None, not {type(group).__name__}")
+    return group
+
+
+def init_process_group(
+    backend: str = "simulated",
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    transport: Transport | None = None,
+) -> ProcessGroup:
+    """Create the default process group (the world) for this process, or this thread.
+
+    Args:
+        backend: ``"simulated"`` (ranks as threads of one process). Real-process backends
+            (``"tcp"``, ``"shm"``, ``"mpi"``) come with later releases.
+        rank, world_size: checked against the transport when both are given. A simulated
+            world of more than one rank needs ``transport=`` (from
+            ``SimulatedTransport.create_group(n)``, or use ``ferrodist.testing.run_world``).
+        timeout: default seconds every collective, barrier and receive may wait.
+        transport: an already connected transport for this rank.
+
+    Returns:
+        The world ``ProcessGroup``; module-level functions use it when ``group=None``.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise InvalidArgument(f"init_process_group: timeout must be a positive number of seconds, not {timeout!r}")
+    if transport is None:
+        transport = _make_transport(backend, rank, world_size, timeout)
+    elif backend not in ("simulated", "auto"):
+        raise InvalidArgument(f"init_process_group: pass either backend={backend!r} or transport=, not both")
+    if rank is not None and rank != transport.rank:
+        raise InvalidRank(f"init_process_group: rank={rank} but the transport is rank {transport.rank}")
+    if world_size is not None and world_size != transport.world_size:
+        raise InvalidArgument(
+            f"init_process_group: world_size={world_size} but the transport has {transport.world_size} ranks"
+        )
+    threaded = isinstance(transport, SimulatedTransport)
+    with _lock:
+        if (getattr(_thread_default, "group", None) if threaded else (_process_default or [None])[0]) is not None:
+            raise InvalidArgument(
+                "init_process_group: the default process group is already initialized; "
+                "call destroy_process_group() first"
+            )
+        world = ProcessGroup(transport, range(transport.world_size), 0, timeout=timeout, name="world")
+        if threaded:
+            _thread_default.group = world
+        else:
+            _process_default.append(world)
+    return world
+
+
+def _make_transport(backend: str, rank: int | None, world_size: int | None, timeout: float) -> Transport:
+    if backend in ("simulated", "auto"):
+        if world_size not in (None, 1) or rank not in (None, 0):
+            raise InvalidArgument(
+                f"init_process_group: a simulated world of {world_size} ranks runs its ranks as threads; "
+                "use ferrodist.testing.run_world(n, fn), or give each thread "
+                "transport=SimulatedTransport.create_group(n)[rank]"
+            )
+        return SimulatedTransport.create_group(1, timeout=timeout)[0]
+    if backend in ("tcp", "shm", "mpi", "nccl", "gloo"):
+        raise BackendUnavailable(
+            f"init_process_group: backend {backend!r} is not part of this ferrodist release; "
+            f"available: {', '.join(BACKENDS)}"
+        )
+    raise InvalidArgument(f"init_process_group: unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Destroy ``group``, or the default group and its transport (peers waiting on this
+    rank then get ``PeerLost`` at once). Queued async work finishes first, for a few seconds at most."""
+    if group is not None and group is not _current():
+        resolve(group)._shutdown()
+        return
+    with _lock:
+        world = getattr(_thread_default, "group", None)
+        if world is not None:
+            _thread_default.group = None
+        elif _process_default:
+            world = _process_default.pop()
+    if world is None:
+        raise NotInitialized("destroy_process_group: there is no default process group to destroy")
+    world._shutdown()
+    world.transport.close()
+
+
+def new_group(ranks: Sequence[int] | None = None, *, timeout: float | None = None) -> ProcessGroup:
+    """A group of some of the world's ranks (global ranks; sorted, no duplicates).
+
+    Every rank of the world must call ``new_group`` with the same ranks, in the same
+    order as its other ``new_group`` calls, members and non-members alike. A non-member
+    gets a group it cannot run collectives on (``is_member`` is False).
+    """
+    world = default_group()
+    size = world.size
+    members = list(range(size)) if ranks is None else ranks
+    try:
+        chosen = sorted(int(r) for r in members)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"new_group: ranks must be a list of integers, not {ranks!r}") from None
+    if len(set(chosen)) != len(chosen):
+        raise InvalidArgument(f"new_group: ranks {list(members)} contain duplicates")
+    if not chosen:
+        raise InvalidArgument("new_group: ranks is empty; a group needs at least one rank")
+    bad = [r for r in chosen if not 0 <= r < size]
+    if bad:
+        raise InvalidRank(f"new_group: ranks {bad} are outside the world of {size} ranks (valid: 0..{size - 1})")
+    group_id = world._child_id()
+    return ProcessGroup(
+        world.transport,
+        chosen,
+        group_id,
+        timeout=world.timeout if timeout is None else timeout,
+        name=f"{group_id}{chosen}",
+    )
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    """This process's rank in ``group`` (the default group if ``None``)."""
+    return resolve(group).rank
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    """The number of ranks in ``group`` (the default group if ``None``)."""
+    return resolve(group).size

@@ -1,0 +1,110 @@
+"""``Work`` handles for ``async_op=True`` calls, and the per-group worker that runs them in order."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Callable
+
+from ferrodist.core import CollectiveTimeout, FerrodistError
+from ferrodist.transport import Request
+
+
+class Work:
+    """The handle an ``async_op=True`` call returns.
+
+    ``wait(timeout)`` blocks until the operation finished and re-raises its error if it
+    failed; ``is_completed()`` tells without blocking. The operation itself is bounded by
+    its own timeout, so ``wait()`` without an argument cannot block forever.
+    """
+
+    def __init__(self, description: str) -> None:
+        self._description = description
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def _finish(self, error: BaseException | None) -> None:
+        self._error = error
+        self._done.set()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        """True once completed without an error."""
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        """The error the operation raised, if it completed with one."""
+        return self._error if self._done.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> None:
+        if not self._done.wait(timeout):
+            raise CollectiveTimeout(
+                f"{self._description} is still running after wait({timeout:g} s); "
+                "wait again, or look at the ranks it exchanges with"
+            )
+        if self._error is not None:
+            raise self._error
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else ("done" if self.is_completed() else "running")
+        return f"<Work {self._description}: {state}>"
+
+
+class RequestWork(Work):
+    """A ``Work`` over one transport request (``isend`` / ``irecv``)."""
+
+    def __init__(self, description: str, request: Request, default_timeout: float, context: str) -> None:
+        super().__init__(description)
+        self._request = request
+        self._default_timeout = default_timeout
+        self._context = context
+
+    def is_completed(self) -> bool:
+        return self._done.is_set() or self._request.is_completed()
+
+    def wait(self, timeout: float | None = None) -> None:
+        if not self._done.is_set():
+            try:
+                self._request.wait(self._default_timeout if timeout is None else timeout)
+            except FerrodistError as exc:
+                error = exc.with_context(self._context)
+                if not isinstance(exc, CollectiveTimeout):  # a timeout of wait() may be retried
+                    self._finish(error)
+                raise error from None
+            self._finish(None)
+        super().wait(0)
+
+
+class Worker:
+    """One thread per group running async collectives in the order they were issued."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], Work] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], None], work: Work) -> None:
+        self._queue.put((fn, work))
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, work = item
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter, not swallowed
+                work._finish(exc)
+            else:
+                work._finish(None)
+
+    def stop(self, timeout: float) -> bool:
+        """Stop after the queued work; True if the thread ended within ``timeout``."""
+        self._queue.put(None)
+        deadline = time.monotonic() + timeout
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        return not self._thread.is_alive()

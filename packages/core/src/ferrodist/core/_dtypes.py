@@ -1,0 +1,116 @@
+"""The one dtype table: numpy type, NCCL enum and the reduce ops each dtype supports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ._errors import InvalidArgument
+from ._ops import ReduceOp
+
+__all__ = [
+    "DType",
+    "bfloat16",
+    "bool_",
+    "dtype",
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+]
+
+_ARITH = frozenset({ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX})
+_FLOAT_OPS = _ARITH | {ReduceOp.AVG}
+_INT_OPS = _ARITH | {ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR}
+
+
+@dataclass(frozen=True, eq=False)
+class DType:
+    """One element type ferrodist can move and reduce.
+
+    Attributes:
+        name: canonical name (``"bfloat16"``).
+        numpy: the numpy dtype of arrays of this type.
+        kind: ``"bool"``, ``"int"``, ``"uint"`` or ``"float"``.
+        nccl: the ``ncclDataType_t`` value, or ``None`` where NCCL has no such type.
+        ops: the reduce ops this dtype supports.
+    """
+
+    name: str
+    numpy: np.dtype[Any]
+    kind: str
+    nccl: int | None
+    ops: frozenset[ReduceOp]
+
+    @property
+    def itemsize(self) -> int:
+        return int(self.numpy.itemsize)
+
+    @property
+    def is_floating(self) -> bool:
+        return self.kind == "float"
+
+    def __repr__(self) -> str:
+        return f"ferrodist.{self.name}"
+
+    def __reduce__(self) -> Any:
+        return (dtype, (self.name,))
+
+
+bool_ = DType("bool", np.dtype(np.bool_), "bool", 1, _INT_OPS)
+int8 = DType("int8", np.dtype(np.int8), "int", 0, _INT_OPS)
+uint8 = DType("uint8", np.dtype(np.uint8), "uint", 1, _INT_OPS)
+int16 = DType("int16", np.dtype(np.int16), "int", None, _INT_OPS)
+int32 = DType("int32", np.dtype(np.int32), "int", 2, _INT_OPS)
+int64 = DType("int64", np.dtype(np.int64), "int", 4, _INT_OPS)
+float16 = DType("float16", np.dtype(np.float16), "float", 6, _FLOAT_OPS)
+bfloat16 = DType("bfloat16", np.dtype(ml_dtypes.bfloat16), "float", 9, _FLOAT_OPS)
+float32 = DType("float32", np.dtype(np.float32), "float", 7, _FLOAT_OPS)
+float64 = DType("float64", np.dtype(np.float64), "float", 8, _FLOAT_OPS)
+
+ALL_DTYPES: tuple[DType, ...] = (bool_, int8, uint8, int16, int32, int64, float16, bfloat16, float32, float64)
+_BY_NAME = {d.name: d for d in ALL_DTYPES}
+_BY_NUMPY = {d.numpy: d for d in ALL_DTYPES}
+_SUPPORTED = ", ".join(d.name for d in ALL_DTYPES)
+
+
+def dtype(value: object) -> DType:
+    """The :class:`DType` for a name, a numpy dtype or type, or a ``DType``.
+
+    >>> dtype("bfloat16").itemsize
+    2
+    """
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str) and value in _BY_NAME:
+        return _BY_NAME[value]
+    try:
+        found = _BY_NUMPY.get(np.dtype(value))  # type: ignore[call-overload]
+    except TypeError:
+        found = None
+    if found is None:
+        raise InvalidArgument(f"dtype {value!r} is not supported; ferrodist supports {_SUPPORTED}")
+    return found
+
+
+def check_op(op: ReduceOp, dt: DType, *, operation: str, rank: int | None = None) -> None:
+    """Raise ``InvalidArgument`` before any byte moves if ``op`` does not apply to ``dt``."""
+    if op in dt.ops:
+        return
+    where = f"rank {rank}: " if rank is not None else ""
+    if op is ReduceOp.AVG:
+        hint = "AVG is defined for floating dtypes only; use SUM and divide, or convert to float first"
+    else:
+        hint = f"{op.name} is bitwise and needs an integer or bool dtype; use a view as a same-sized integer type"
+    raise InvalidArgument(
+        f"{where}{operation}: ReduceOp.{op.name} does not apply to {dt.name} tensors ({hint})",
+        rank=rank,
+        operation=operation,
+    )

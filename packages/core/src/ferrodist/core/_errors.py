@@ -1,0 +1,127 @@
+"""The one error hierarchy of ferrodist.
+
+Every error ferrodist raises derives from :class:`FerrodistError` and, where one
+fits, from the matching builtin too (``InvalidArgument`` is a ``ValueError``,
+``CollectiveTimeout`` a ``TimeoutError``), so callers can catch either.
+Messages name the operation, the rank and the bad value, and say what to do.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+__all__ = [
+    "BackendUnavailable",
+    "CollectiveMismatch",
+    "CollectiveTimeout",
+    "DeviceUnavailable",
+    "FerrodistError",
+    "InvalidArgument",
+    "InvalidRank",
+    "NotInitialized",
+    "PeerLost",
+    "ProtocolError",
+]
+
+
+class FerrodistError(Exception):
+    """Root of every ferrodist error.
+
+    Attributes:
+        rank: the rank that raised it, when known.
+        operation: the operation that failed (``"all_reduce"``, ``"recv"``, ...), when known.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, operation: str | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.operation = operation
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __str__(self) -> str:
+        return self.message
+
+    def with_context(self, context: str, **attributes: Any) -> FerrodistError:
+        """A copy of this error whose message starts with ``context`` (and with attributes set)."""
+        clone = copy.copy(self)
+        clone.args = (f"{context}: {self.message}",)
+        for name, value in attributes.items():
+            if getattr(clone, name, None) is None:
+                setattr(clone, name, value)
+        return clone
+
+    def __reduce__(self) -> Any:
+        # Keep keyword attributes across pickling (errors travel between processes).
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[FerrodistError], message: str, state: dict[str, Any]) -> FerrodistError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+class InvalidArgument(FerrodistError, ValueError):
+    """A bad argument: wrong dtype, shape, op, tensor layout, option value."""
+
+
+class InvalidRank(InvalidArgument):
+    """A rank outside the group, or a rank that is not a member of the group used."""
+
+
+class NotInitialized(FerrodistError, RuntimeError):
+    """No default process group: call ``init_process_group`` first."""
+
+
+class BackendUnavailable(FerrodistError, RuntimeError):
+    """A backend whose package or library is not installed or cannot load."""
+
+
+class DeviceUnavailable(FerrodistError, RuntimeError):
+    """A device (a CUDA GPU) that this machine or installation cannot provide."""
+
+
+class CollectiveTimeout(FerrodistError, TimeoutError):
+    """A blocking call ran out of time.
+
+    Attributes:
+        waiting_for: the ranks this rank was still waiting for (global ranks), if known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        operation: str | None = None,
+        waiting_for: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(message, rank=rank, operation=operation)
+        self.waiting_for = tuple(waiting_for)
+
+
+class PeerLost(FerrodistError, ConnectionError):
+    """A peer rank went away (closed, crashed, killed) while this rank needed it.
+
+    Attributes:
+        peer: the global rank that was lost.
+    """
+
+    def __init__(
+        self, message: str, *, peer: int, rank: int | None = None, operation: str | None = None
+    ) -> None:
+        super().__init__(message, rank=rank, operation=operation)
+        self.peer = peer
+
+
+class ProtocolError(FerrodistError, RuntimeError):
+    """Bytes on the wire that do not follow the protocol (a malformed or foreign frame)."""
+
+
+class CollectiveMismatch(FerrodistError, RuntimeError):
+    """Ranks disagree about the call: a different operation, size, dtype, op or root."""

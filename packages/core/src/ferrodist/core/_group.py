@@ -1,0 +1,103 @@
+"""The *group* protocol: what DDP and the pipeline need from a process group.
+
+It lives in core so that a CPU ``ProcessGroup`` and a GPU/NCCL group are
+interchangeable for everything built on top of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from ._ops import ReduceOp
+
+__all__ = ["Group", "Work"]
+
+
+@runtime_checkable
+class Work(Protocol):
+    """A handle on an operation started with ``async_op=True``."""
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the operation is done; re-raise its error if it failed."""
+        ...
+
+    def is_completed(self) -> bool:
+        """True once the operation has finished, successfully or not."""
+        ...
+
+
+@runtime_checkable
+class Group(Protocol):
+    """A set of ranks that run collectives together. Ranks here are group ranks (0 .. size-1)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def all_reduce(
+        self, tensor: Any, op: ReduceOp = ReduceOp.SUM, *, async_op: bool = False, timeout: float | None = None
+    ) -> Work | None: ...
+
+    def broadcast(
+        self, tensor: Any, src: int = 0, *, async_op: bool = False, timeout: float | None = None
+    ) -> Work | None: ...
+
+    def reduce(
+        self,
+        tensor: Any,
+        dst: int = 0,
+        op: ReduceOp = ReduceOp.SUM,
+        *,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None: ...
+
+    def all_gather(
+        self, output: Any, tensor: Any, *, async_op: bool = False, timeout: float | None = None
+    ) -> Work | None: ...
+
+    def reduce_scatter(
+        self,
+        output: Any,
+        input: Any,
+        op: ReduceOp = ReduceOp.SUM,
+        *,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None: ...
+
+    def gather(
+        self,
+        tensor: Any,
+        gather_list: Any = None,
+        dst: int = 0,
+        *,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None: ...
+
+    def scatter(
+        self,
+        tensor: Any,
+        scatter_list: Any = None,
+        src: int = 0,
+        *,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None: ...
+
+    def all_to_all(
+        self, outputs: Sequence[Any], inputs: Sequence[Any], *, async_op: bool = False, timeout: float | None = None
+    ) -> Work | None: ...
+
+    def barrier(self, *, async_op: bool = False, timeout: float | None = None) -> Work | None: ...
+
+    def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None: ...
+
+    def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> None: ...
+
+    def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work: ...
+
+    def irecv(self, tensor: Any, src: int, tag: int = 0) -> Work: ...

@@ -1,0 +1,58 @@
+"""The one JIT decorator of ferrodist and the bit-cast intrinsics the kernels share.
+
+Every CPU kernel is compiled with ``cache=True`` (compiled code is kept on disk,
+so a second process starts warm) and ``nogil=True`` (a kernel running in one
+rank's thread never blocks another rank's thread).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numba
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+__all__ = ["jit", "f32_from_bits", "bits_from_f32"]
+
+
+def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """``numba.njit`` with ferrodist's defaults (``cache=True, nogil=True``)."""
+    options.setdefault("cache", True)
+    options.setdefault("nogil", True)
+    if fn is None:
+        return lambda f: numba.njit(**options)(f)
+    return numba.njit(**options)(fn)
+
+
+@intrinsic
+def f32_from_bits(typingctx: Any, bits: Any) -> Any:
+    """Reinterpret the low 32 bits of an integer as a float32 (no conversion)."""
+    if not isinstance(bits, types.Integer):
+        return None
+    sig = types.float32(bits)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        value = args[0]
+        if bits.bitwidth > 32:
+            value = builder.trunc(value, ir.IntType(32))
+        elif bits.bitwidth < 32:
+            value = builder.zext(value, ir.IntType(32))
+        return builder.bitcast(value, ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def bits_from_f32(typingctx: Any, value: Any) -> Any:
+    """Reinterpret a float32 as its 32 bits, returned as an int64 in 0 .. 2**32-1."""
+    if value != types.float32:
+        return None
+    sig = types.int64(value)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        as_int = builder.bitcast(args[0], ir.IntType(32))
+        return builder.zext(as_int, ir.IntType(64))
+
+    return sig, codegen

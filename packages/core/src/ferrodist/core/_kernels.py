@@ -1,0 +1,174 @@
+"""CPU reduction kernels (private): plain arrays in, no validation, no allocation per element.
+
+Every kernel has the shape ``kernel(dst, srcs, op[, divisor])``: ``srcs`` is a tuple
+of k one-dimensional arrays of ``dst``'s length, and the kernel writes
+``dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... (op) srcs[k-1][i]`` reading every
+source once, in one pass (``dst`` may be one of the sources). Operands are combined
+left to right, so a caller that passes the same tuple order gets the same bits.
+
+float16 and bfloat16 arrive as their uint16 bit patterns: each element is widened
+to float32, the k sources are combined in float32, and the result is rounded once
+to nearest-even. ``divisor`` (for AVG) divides the float32/float64 result before
+that single rounding. Opcodes are the values of :class:`ferrodist.core.ReduceOp`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import bits_from_f32, f32_from_bits, jit
+
+# Opcodes: the values of ReduceOp (kernels see plain ints; Numba freezes these at compile time).
+SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR = range(8)
+
+
+@jit(inline="always")
+def _combine(a, b, op):  # type: ignore[no-untyped-def]
+    # MIN and MAX propagate NaN the way numpy.minimum / numpy.maximum do.
+    if op == SUM:
+        return a + b
+    if op == PRODUCT:
+        return a * b
+    if op == MIN:
+        return a if (a <= b or a != a) else b
+    if op == MAX:
+        return a if (a >= b or a != a) else b
+    if op == BAND:
+        return a & b
+    if op == BOR:
+        return a | b
+    return a ^ b
+
+
+@jit(inline="always")
+def _combine_float(a, b, op):  # type: ignore[no-untyped-def]
+    if op == SUM:
+        return a + b
+    if op == PRODUCT:
+        return a * b
+    if op == MIN:
+        return a if (a <= b or a != a) else b
+    return a if (a >= b or a != a) else b
+
+
+@jit
+def reduce_int(dst, srcs, op):  # type: ignore[no-untyped-def]
+    """Integer (and bool viewed as uint8) reduction; wraps around like numpy."""
+    k = len(srcs)
+    first = srcs[0]
+    for i in range(dst.shape[0]):
+        acc = first[i]
+        for s in range(1, k):
+            acc = _combine(acc, srcs[s][i], op)
+        dst[i] = acc
+
+
+@jit
+def reduce_float(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
+    """float32 / float64 reduction in the array's own precision."""
+    k = len(srcs)
+    first = srcs[0]
+    if divisor == 1.0:
+        for i in range(dst.shape[0]):
+            acc = first[i]
+            for s in range(1, k):
+                acc = _combine_float(acc, srcs[s][i], op)
+            dst[i] = acc
+    else:
+        for i in range(dst.shape[0]):
+            acc = first[i]
+            for s in range(1, k):
+                acc = _combine_float(acc, srcs[s][i], op)
+            dst[i] = acc / divisor
+
+
+@jit(inline="always")
+def _bf16_load(h):  # type: ignore[no-untyped-def]
+    return f32_from_bits(np.int64(h) << 16)
+
+
+@jit(inline="always")
+def _bf16_store(x):  # type: ignore[no-untyped-def]
+    bits = bits_from_f32(np.float32(x))
+    if (bits & 0x7FFFFFFF) > 0x7F800000:  # NaN: keep it a (quiet) NaN after truncation
+        return np.uint16((bits >> 16) | 0x40)
+    return np.uint16((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
+
+
+@jit(inline="always")
+def _f16_load(h):  # type: ignore[no-untyped-def]
+    # Shift exponent and mantissa into float32 position, then fix up the exponent.
+    body = (np.int64(h) & 0x7FFF) << 13
+    exponent = body & 0x0F800000
+    body += (127 - 15) << 23
+    if exponent == 0x0F800000:  # inf / nan
+        value = f32_from_bits(body + ((128 - 16) << 23))
+    elif exponent == 0:  # zero / subnormal: renormalise through a float subtraction
+        value = f32_from_bits(body + (1 << 23)) - f32_from_bits(113 << 23)
+    else:
+        value = f32_from_bits(body)
+    if np.int64(h) & 0x8000:
+        return -value
+    return value
+
+
+@jit(inline="always")
+def _f16_store(x):  # type: ignore[no-untyped-def]
+    bits = bits_from_f32(np.float32(x))
+    sign = (bits >> 16) & 0x8000
+    mag = bits & 0x7FFFFFFF
+    if mag >= (127 + 16) << 23:  # overflows float16, or inf / nan
+        out = 0x7E00 if mag > 0x7F800000 else 0x7C00
+    elif mag < 113 << 23:  # result is a float16 subnormal (or zero)
+        magic = ((127 - 15) + (23 - 10) + 1) << 23
+        out = bits_from_f32(f32_from_bits(mag) + f32_from_bits(magic)) - magic
+    else:  # normal: rebias the exponent and round the mantissa to nearest-even
+        odd = (mag >> 13) & 1
+        out = (mag + ((15 - 127) << 23) + 0xFFF + odd) >> 13
+    return np.uint16(out | sign)
+
+
+@jit
+def reduce_f16(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
+    """float16 on its bit pattern: float32 accumulation, one rounding per element."""
+    k = len(srcs)
+    first = srcs[0]
+    for i in range(dst.shape[0]):
+        acc = _f16_load(first[i])
+        for s in range(1, k):
+            acc = _combine_float(acc, _f16_load(srcs[s][i]), op)
+        if divisor != 1.0:
+            acc = acc / divisor
+        dst[i] = _f16_store(acc)
+
+
+@jit
+def reduce_bf16(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
+    """bfloat16 on its bit pattern: float32 accumulation, one rounding per element."""
+    k = len(srcs)
+    first = srcs[0]
+    for i in range(dst.shape[0]):
+        acc = _bf16_load(first[i])
+        for s in range(1, k):
+            acc = _combine_float(acc, _bf16_load(srcs[s][i]), op)
+        if divisor != 1.0:
+            acc = acc / divisor
+        dst[i] = _bf16_store(acc)
+
+
+@jit
+def scale_float(dst, divisor):  # type: ignore[no-untyped-def]
+    for i in range(dst.shape[0]):
+        dst[i] = dst[i] / divisor
+
+
+@jit
+def scale_f16(dst, divisor):  # type: ignore[no-untyped-def]
+    for i in range(dst.shape[0]):
+        dst[i] = _f16_store(_f16_load(dst[i]) / divisor)
+
+
+@jit
+def scale_bf16(dst, divisor):  # type: ignore[no-untyped-def]
+    for i in range(dst.shape[0]):
+        dst[i] = _bf16_store(_bf16_load(dst[i]) / divisor)

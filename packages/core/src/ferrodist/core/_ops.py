@@ -1,0 +1,41 @@
+"""Reduction operations."""
+
+from __future__ import annotations
+
+import enum
+
+from ._errors import InvalidArgument
+
+__all__ = ["ReduceOp"]
+
+
+class ReduceOp(enum.Enum):
+    """How a reducing collective combines the ranks' values.
+
+    ``AVG`` is the sum divided by the number of ranks (floating dtypes only);
+    ``BAND``, ``BOR`` and ``BXOR`` are bitwise (integer and bool dtypes only).
+    For bool, ``SUM`` and ``MAX`` are a logical or, ``PRODUCT`` and ``MIN`` a
+    logical and, as in numpy.
+    """
+
+    SUM = 0
+    PRODUCT = 1
+    MIN = 2
+    MAX = 3
+    AVG = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
+
+    @classmethod
+    def coerce(cls, value: object) -> ReduceOp:
+        """Accept a ``ReduceOp`` or its name in any case (``"sum"``, ``"Max"``)."""
+        if isinstance(value, ReduceOp):
+            return value
+        if isinstance(value, str) and value.upper() in cls.__members__:
+            return cls[value.upper()]
+        names = ", ".join(cls.__members__)
+        raise InvalidArgument(f"{value!r} is not a reduce op; use one of ReduceOp.{{{names}}}")
+
+    def __repr__(self) -> str:
+        return f"ReduceOp.{self.name}"

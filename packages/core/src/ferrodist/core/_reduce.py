@@ -1,0 +1,173 @@
+"""Element-wise reductions: the dispatch table from (dtype, op) to a Numba kernel.
+
+Public: :func:`reduce_into` and :func:`reduce_many` (validate, then call the kernel).
+For collective algorithms: :func:`reducer` returns the raw, validated-once callable
+``fn(dst, srcs, divisor)`` on flat numpy arrays of the dtype (no per-call checks).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ._dtypes import ALL_DTYPES, DType, check_op
+from ._errors import InvalidArgument
+from ._ops import ReduceOp
+from ._tensor import Tensor, as_tensor
+
+__all__ = ["MAX_FUSED_SOURCES", "reduce_into", "reduce_many", "reducer", "scaler"]
+
+#: The most sources one kernel call reads; more are folded in groups of this size.
+MAX_FUSED_SOURCES = 8
+
+Array = np.ndarray[Any, Any]
+Reducer = Callable[[Array, Sequence[Array], float], None]
+
+# bool is stored as 0/1 bytes, so its ops are the uint8 bitwise ones.
+_BOOL_OPCODE = {
+    ReduceOp.SUM: ReduceOp.BOR,
+    ReduceOp.MAX: ReduceOp.BOR,
+    ReduceOp.PRODUCT: ReduceOp.BAND,
+    ReduceOp.MIN: ReduceOp.BAND,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _table() -> dict[tuple[str, ReduceOp], tuple[Any, np.dtype[Any] | None, int, bool]]:
+    """(dtype name, op) -> (kernel, bit-pattern view dtype or None, opcode, takes divisor).
+
+    Built on first use so that importing ferrodist.core does not import Numba.
+    """
+    from . import _kernels as k
+
+    family: dict[str, tuple[Any, np.dtype[Any] | None, bool]] = {
+        "float16": (k.reduce_f16, np.dtype(np.uint16), True),
+        "bfloat16": (k.reduce_bf16, np.dtype(np.uint16), True),
+        "float32": (k.reduce_float, None, True),
+        "float64": (k.reduce_float, None, True),
+        "bool": (k.reduce_int, np.dtype(np.uint8), False),
+    }
+    table = {}
+    for dt in ALL_DTYPES:
+        kernel, view, divides = family.get(dt.name, (k.reduce_int, None, False))
+        for op in dt.ops:
+            opcode = ReduceOp.SUM if op is ReduceOp.AVG else op
+            if dt.name == "bool":
+                opcode = _BOOL_OPCODE.get(op, op)
+            table[(dt.name, op)] = (kernel, view, opcode.value, divides)
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def reducer(dt: DType, op: ReduceOp) -> Reducer:
+    """The kernel for ``(dt, op)`` as ``fn(dst, srcs, divisor)``.
+
+    ``dst`` and every source are one-dimensional numpy arrays of ``dt`` with the same
+    length; ``dst`` may be one of the sources. ``divisor`` divides the combined value
+    before its rounding (pass ``1.0`` except for AVG; only floating dtypes use it).
+    AVG combines as SUM: the caller chooses the divisor (the number of ranks).
+    The caller has checked the op with ``check_op``.
+    """
+    kernel, view, opcode, divides = _table()[(dt.name, op)]
+
+    def call(dst: Array, group: tuple[Array, ...], divisor: float) -> None:
+        if divides:
+            kernel(dst, group, opcode, divisor)
+        else:
+            kernel(dst, group, opcode)
+
+    def run(dst: Array, srcs: Sequence[Array], divisor: float) -> None:
+        if view is not None:
+            dst = dst.view(view)
+            srcs = [s.view(view) for s in srcs]
+        rest = srcs[MAX_FUSED_SOURCES:]
+        if not rest:
+            call(dst, tuple(srcs), divisor)
+            return
+        # More sources than one kernel reads: fold them in groups, dividing only at the end.
+        target = dst
+        if any(np.may_share_memory(dst, s) for s in rest):
+            target = np.empty_like(dst)  # dst is read later: accumulate elsewhere first
+        call(target, tuple(srcs[:MAX_FUSED_SOURCES]), 1.0)
+        while rest:
+            group, rest = rest[: MAX_FUSED_SOURCES - 1], rest[MAX_FUSED_SOURCES - 1 :]
+            call(target, (target, *group), 1.0 if rest else divisor)
+        if target is not dst:
+            dst[...] = target
+
+    return run
+
+
+@functools.lru_cache(maxsize=None)
+def scaler(dt: DType) -> Callable[[Array, float], None]:
+    """``fn(dst, divisor)``: divide a floating array in place (one rounding per element)."""
+    from . import _kernels as k
+
+    if not dt.is_floating:
+        raise InvalidArgument(f"cannot divide a {dt.name} tensor in place; only floating dtypes scale")
+    kernel = {"float16": k.scale_f16, "bfloat16": k.scale_bf16}.get(dt.name, k.scale_float)
+    view = np.dtype(np.uint16) if dt.name in ("float16", "bfloat16") else None
+
+    def run(dst: Array, divisor: float) -> None:
+        kernel(dst.view(view) if view is not None else dst, float(divisor))
+
+    return run
+
+
+def _flat_operands(dst: object, srcs: Sequence[object], operation: str) -> tuple[Tensor, list[Tensor]]:
+    out = as_tensor(dst)
+    ins = [as_tensor(s) for s in srcs]
+    if not ins:
+        raise InvalidArgument(f"{operation}: needs at least one source array")
+    if not out.writeable:
+        raise InvalidArgument(f"{operation}: the destination array is read-only")
+    for i, t in enumerate(ins):
+        if t.dtype is not out.dtype:
+            raise InvalidArgument(
+                f"{operation}: source {i} is {t.dtype.name} but the destination is {out.dtype.name}; "
+                "convert first (reductions never mix dtypes)"
+            )
+        if t.numel != out.numel:
+            raise InvalidArgument(
+                f"{operation}: source {i} has {t.numel} elements but the destination has {out.numel}"
+            )
+    return out, ins
+
+
+def reduce_many(dst: object, srcs: Sequence[object], op: ReduceOp | str = ReduceOp.SUM) -> None:
+    """Write the element-wise reduction of all ``srcs`` into ``dst``, reading each source once.
+
+    One fused pass over k sources moves k+1 buffers through memory, where chaining
+    pairwise numpy calls moves 3(k-1). ``AVG`` is the mean of the sources. float16 and
+    bfloat16 accumulate in float32 and round once. ``dst`` may be one of the sources.
+
+    Example:
+        >>> a, b, c = (np.full(3, v, np.float32) for v in (1, 2, 3))
+        >>> out = np.empty(3, np.float32)
+        >>> reduce_many(out, [a, b, c], ReduceOp.MAX)
+        >>> out
+        array([3., 3., 3.], dtype=float32)
+    """
+    op = ReduceOp.coerce(op)
+    out, ins = _flat_operands(dst, srcs, "reduce_many")
+    check_op(op, out.dtype, operation="reduce_many")
+    divisor = float(len(ins)) if op is ReduceOp.AVG else 1.0
+    reducer(out.dtype, op)(out.flat(), [t.flat() for t in ins], divisor)
+
+
+def reduce_into(dst: object, src: object, op: ReduceOp | str = ReduceOp.SUM) -> None:
+    """``dst = dst (op) src`` element-wise, in place (``AVG`` gives the mean of the two).
+
+    Example:
+        >>> d = np.array([1, 5], np.int32)
+        >>> reduce_into(d, np.array([4, 2], np.int32), "min")
+        >>> d
+        array([1, 2], dtype=int32)
+    """
+    op = ReduceOp.coerce(op)
+    out, ins = _flat_operands(dst, [src], "reduce_into")
+    check_op(op, out.dtype, operation="reduce_into")
+    divisor = 2.0 if op is ReduceOp.AVG else 1.0
+    reducer(out.dtype, op)(out.flat(), [out.flat(), ins[0].flat()], divisor)

@@ -1,0 +1,35 @@
+"""ferrodist.testing: simulated worlds, numpy references and hypothesis strategies for
+testing distributed code (ferrodist's own tests use it; so can yours)."""
+
+from . import _strategies as strategies
+from ._reference import (
+    assert_reduced,
+    reduce_values,
+    ref_all_gather,
+    ref_all_reduce,
+    ref_all_to_all,
+    ref_broadcast,
+    ref_gather,
+    ref_reduce,
+    ref_reduce_scatter,
+    ref_scatter,
+    reduction_tolerance,
+)
+from ._world import run_world
+
+__all__ = [
+    "assert_reduced",
+    "reduce_values",
+    "ref_all_gather",
+    "ref_all_reduce",
+    "ref_all_to_all",
+    "ref_broadcast",
+    "ref_gather",
+    "ref_reduce",
+    "ref_reduce_scatter",
+    "ref_scatter",
+    "reduction_tolerance",
+    "run_world",
+    "strategies",
+]
+

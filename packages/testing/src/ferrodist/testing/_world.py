@@ -1,0 +1,100 @@
+"""``run_world``: run a function on n simulated ranks (threads) and collect their results."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, TypeVar
+
+from ferrodist.collectives import destroy_process_group, init_process_group, is_initialized
+from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost
+from ferrodist.transport import SimulatedTransport
+
+__all__ = ["run_world"]
+
+T = TypeVar("T")
+
+
+def run_world(
+    world_size: int,
+    fn: Callable[..., T],
+    *args: Any,
+    timeout: float = 30.0,
+    run_timeout: float = 300.0,
+    **kwargs: Any,
+) -> list[T]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return each rank's result.
+
+    Each rank is a thread with its own default process group (so inside ``fn``,
+    ``get_rank()``, ``all_reduce(x)`` and friends work as in a real job). When a rank
+    raises, its transport closes so that ranks waiting on it fail at once with
+    ``PeerLost``; ``run_world`` then re-raises the *first* failure (the cause, not its
+    echoes) with a note naming its rank. Exceptions carry ``.rank`` when they are
+    ferrodist errors.
+
+    Args:
+        world_size: number of ranks (1 or more).
+        timeout: the default timeout of every collective and receive inside ``fn``.
+        run_timeout: the longest the whole run may take; ranks still running after it
+            are abandoned and ``CollectiveTimeout`` names them.
+
+    Example:
+        >>> def step():
+        ...     x = np.array([get_rank() + 1.0])
+        ...     all_reduce(x)
+        ...     return x[0]
+        >>> run_world(3, step)
+        [6.0, 6.0, 6.0]
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise InvalidArgument(f"run_world: world_size must be an integer >= 1, not {world_size!r}")
+    transports = SimulatedTransport.create_group(world_size, timeout=timeout)
+    results: list[Any] = [None] * world_size
+    failures: list[tuple[float, int, BaseException]] = []
+    lock = threading.Lock()
+
+    def main(rank: int) -> None:
+        try:
+            init_process_group("simulated", transport=transports[rank], timeout=timeout)
+            results[rank] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            with lock:
+                failures.append((time.monotonic(), rank, exc))
+            transports[rank].close()
+        finally:
+            if is_initialized():
+                destroy_process_group()
+
+    threads = [
+        threading.Thread(target=main, args=(r,), name=f"ferrodist-rank-{r}", daemon=True) for r in range(world_size)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + run_timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [r for r, thread in enumerate(threads) if thread.is_alive()]
+    if stuck:
+        for t in transports:
+            t.close()  # wake ranks blocked in ferrodist calls
+        raise CollectiveTimeout(
+            f"run_world: ranks {stuck} of {world_size} were still running after {run_timeout:g} s",
+            waiting_for=tuple(stuck),
+        )
+    if failures:
+        raise _first_cause(failures, world_size)
+    return results
+
+
+def _first_cause(failures: list[tuple[float, int, BaseException]], world_size: int) -> BaseException:
+    """The earliest failure that is not only an echo (PeerLost) of another rank's failure."""
+    failures.sort(key=lambda item: item[0])
+    causes = [f for f in failures if not isinstance(f[2], PeerLost)] or failures
+    _, rank, exc = causes[0]
+    others = sorted(r for _, r, _ in failures if r != rank)
+    note = f"raised on rank {rank} of {world_size} in run_world"
+    if others:
+        note += f" (ranks {others} failed after it)"
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    return exc

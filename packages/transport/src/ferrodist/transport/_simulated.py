@@ -1,0 +1,297 @@
+"""``SimulatedTransport``: n ranks as threads of one process, for tests and examples.
+
+Messages are copied eagerly: a send never blocks, and a receive posted before its
+message arrives gets the bytes copied straight into its buffer. Waits block on a
+condition variable (never spin), so many ranks share few cores.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Deque
+
+import numpy as np
+
+from ferrodist.core import CollectiveMismatch, CollectiveTimeout, InvalidArgument, InvalidRank, PeerLost
+
+from ._protocol import DEFAULT_TIMEOUT, Buffer
+
+__all__ = ["SimulatedTransport"]
+
+Key = tuple[int, int]  # (source rank, tag)
+
+
+def _as_bytes(buf: Buffer, what: str) -> Buffer:
+    if not isinstance(buf, np.ndarray):
+        raise InvalidArgument(f"{what}: the buffer must be a numpy array, not {type(buf).__name__}")
+    if not buf.flags.c_contiguous:
+        raise InvalidArgument(f"{what}: the buffer must be C-contiguous")
+    return buf.reshape(-1).view(np.uint8)
+
+
+class _Mailbox:
+    """Everything addressed to one rank: unmatched messages and posted receives."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.unexpected: dict[Key, Deque[Buffer]] = collections.defaultdict(collections.deque)
+        self.posted: dict[Key, Deque[_Recv]] = collections.defaultdict(collections.deque)
+
+
+class _Hub:
+    """State shared by the n simulated ranks of one world."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.mailboxes = [_Mailbox() for _ in range(world_size)]
+        self.closed = [False] * world_size
+        self.barrier_cond = threading.Condition(threading.Lock())
+        self.barrier_generation = 0
+        self.barrier_arrived: set[int] = set()
+
+    def wake_all(self) -> None:
+        for box in self.mailboxes:
+            with box.cond:
+                box.cond.notify_all()
+        with self.barrier_cond:
+            self.barrier_cond.notify_all()
+
+
+class _Done:
+    """A request that completed when it was created (simulated sends are eager)."""
+
+    def wait(self, timeout: float | None = None) -> None:
+        return None
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class _Recv:
+    """A posted receive: filled by the sender's thread, or at once from an unmatched message."""
+
+    def __init__(self, transport: SimulatedTransport, buf: Buffer, src: int, tag: int) -> None:
+        self.transport = transport
+        self.buf = buf
+        self.src = src
+        self.tag = tag
+        self.done = False
+        self.error: BaseException | None = None
+
+    def fill(self, payload: Buffer) -> None:
+        """Copy a message in; the caller holds the mailbox lock."""
+        if payload.nbytes != self.buf.nbytes:
+            me = self.transport.rank
+            self.error = CollectiveMismatch(
+                f"rank {me} expected {self.buf.nbytes} bytes from rank {self.src} (tag {self.tag}) "
+                f"but rank {self.src} sent {payload.nbytes}: the two ranks passed tensors of different "
+                "sizes or dtypes to the same call",
+                rank=me,
+            )
+        else:
+            self.buf[...] = payload
+        self.done = True
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self, timeout: float | None = None) -> None:
+        t = self.transport
+        limit = t.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        box = t._hub.mailboxes[t.rank]
+        with box.cond:
+            while not self.done:
+                if t._hub.closed[self.src]:
+                    self._withdraw(box)
+                    raise PeerLost(
+                        f"rank {t.rank} was waiting for a message from rank {self.src} (tag {self.tag}) "
+                        f"but rank {self.src} closed or failed; see that rank's error",
+                        peer=self.src,
+                        rank=t.rank,
+                    )
+                if t._hub.closed[t.rank]:
+                    self._withdraw(box)
+                    raise PeerLost(f"rank {t.rank}: this transport was closed while receiving", peer=t.rank, rank=t.rank)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._withdraw(box)
+                    raise CollectiveTimeout(
+                        f"rank {t.rank} waited {limit:g} s for a message from rank {self.src} (tag {self.tag}) "
+                        f"that never came: rank {self.src} has not reached the matching call, or is stuck "
+                        "(raise the timeout if it is only slow)",
+                        rank=t.rank,
+                        waiting_for=(self.src,),
+                    )
+                box.cond.wait(remaining)
+        if self.error is not None:
+            raise self.error
+
+    def _withdraw(self, box: _Mailbox) -> None:
+        """Stop waiting: a late message must not land in a buffer the caller has given up on."""
+        queue = box.posted.get((self.src, self.tag))
+        if queue is not None and self in queue:
+            queue.remove(self)
+
+
+class SimulatedTransport:
+    """One rank of an in-process world; build a world with :meth:`create_group`.
+
+    Example:
+        >>> t0, t1 = SimulatedTransport.create_group(2)
+        >>> t0.send(np.arange(3, dtype=np.int32), dst=1, tag=7)
+        >>> out = np.empty(3, np.int32); t1.recv(out, src=0, tag=7); out
+        array([0, 1, 2], dtype=int32)
+    """
+
+    def __init__(self, hub: _Hub, rank: int, timeout: float) -> None:
+        self._hub = hub
+        self._rank = rank
+        self._timeout = float(timeout)
+
+    @classmethod
+    def create_group(cls, world_size: int, *, timeout: float = DEFAULT_TIMEOUT) -> list[SimulatedTransport]:
+        """``world_size`` connected transports, one per rank (rank i at index i)."""
+        if not isinstance(world_size, int) or world_size < 1:
+            raise InvalidArgument(f"SimulatedTransport.create_group: world_size must be an int >= 1, not {world_size!r}")
+        if timeout <= 0:
+            raise InvalidArgument(f"SimulatedTransport.create_group: timeout must be positive, not {timeout!r}")
+        hub = _Hub(world_size)
+        return [cls(hub, r, timeout) for r in range(world_size)]
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._hub.world_size
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @property
+    def closed(self) -> bool:
+        return self._hub.closed[self._rank]
+
+    def __repr__(self) -> str:
+        return f"SimulatedTransport(rank={self._rank}, world_size={self.world_size})"
+
+    # -- checks ----------------------------------------------------------------------------
+    def _peer(self, peer: int, what: str) -> int:
+        if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
+            raise InvalidRank(f"rank {self._rank}: {what} needs an integer rank, not {peer!r}", rank=self._rank)
+        peer = int(peer)
+        if not 0 <= peer < self.world_size:
+            raise InvalidRank(
+                f"rank {self._rank}: {what} names rank {peer}, outside this world of {self.world_size} ranks "
+                f"(valid: 0..{self.world_size - 1})",
+                rank=self._rank,
+            )
+        if peer == self._rank:
+            raise InvalidRank(
+                f"rank {self._rank}: {what} names itself; copy the data locally instead", rank=self._rank
+            )
+        if self.closed:
+            raise PeerLost(f"rank {self._rank}: {what} on a closed transport", peer=self._rank, rank=self._rank)
+        return peer
+
+    @staticmethod
+    def _tag(tag: int, what: str) -> int:
+        if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool) or tag < 0:
+            raise InvalidArgument(f"{what}: tag must be a non-negative integer, not {tag!r}")
+        return int(tag)
+
+    # -- point to point -----------------------------------------------------------------------
+    def isend(self, buf: Buffer, dst: int, tag: int = 0) -> _Done:
+        dst = self._peer(dst, "send")
+        tag = self._tag(tag, "send")
+        payload = _as_bytes(buf, "send")
+        if self._hub.closed[dst]:
+            raise PeerLost(
+                f"rank {self._rank} cannot send to rank {dst}: rank {dst} closed or failed", peer=dst, rank=self._rank
+            )
+        box = self._hub.mailboxes[dst]
+        key = (self._rank, tag)
+        with box.cond:
+            waiting = box.posted.get(key)
+            if waiting:
+                waiting.popleft().fill(payload)
+                box.cond.notify_all()
+            else:
+                box.unexpected[key].append(payload.copy())
+        return _Done()
+
+    def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        self.isend(buf, dst, tag).wait(timeout)
+
+    def irecv(self, buf: Buffer, src: int, tag: int = 0) -> _Recv:
+        src = self._peer(src, "recv")
+        tag = self._tag(tag, "recv")
+        target = _as_bytes(buf, "recv")
+        if not buf.flags.writeable:
+            raise InvalidArgument(f"rank {self._rank}: recv into a read-only buffer")
+        request = _Recv(self, target, src, tag)
+        box = self._hub.mailboxes[self._rank]
+        key = (src, tag)
+        with box.cond:
+            pending = box.unexpected.get(key)
+            if pending:
+                request.fill(pending.popleft())
+                if not pending:
+                    del box.unexpected[key]
+            else:
+                box.posted[key].append(request)
+        return request
+
+    def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        self.irecv(buf, src, tag).wait(timeout)
+
+    # -- whole world ---------------------------------------------------------------------------
+    def barrier(self, *, timeout: float | None = None) -> None:
+        """Block until every rank of the world has called ``barrier``."""
+        hub = self._hub
+        limit = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        with hub.barrier_cond:
+            generation = hub.barrier_generation
+            hub.barrier_arrived.add(self._rank)
+            if len(hub.barrier_arrived) == hub.world_size:
+                hub.barrier_arrived.clear()
+                hub.barrier_generation += 1
+                hub.barrier_cond.notify_all()
+                return
+            while hub.barrier_generation == generation:
+                missing = sorted(set(range(hub.world_size)) - hub.barrier_arrived)
+                lost = [r for r in missing if hub.closed[r]]
+                remaining = deadline - time.monotonic()
+                if lost or remaining <= 0:
+                    hub.barrier_arrived.discard(self._rank)
+                    if lost:
+                        raise PeerLost(
+                            f"rank {self._rank}: barrier cannot complete, rank {lost[0]} closed or failed",
+                            peer=lost[0],
+                            rank=self._rank,
+                        )
+                    raise CollectiveTimeout(
+                        f"rank {self._rank}: barrier timed out after {limit:g} s; ranks {missing} never arrived",
+                        rank=self._rank,
+                        operation="barrier",
+                        waiting_for=tuple(missing),
+                    )
+                hub.barrier_cond.wait(remaining)
+
+    def close(self) -> None:
+        """Leave the world: peers waiting on this rank get ``PeerLost`` at once. Idempotent."""
+        if not self._hub.closed[self._rank]:
+            self._hub.closed[self._rank] = True
+            self._hub.wake_all()
+
+    def __enter__(self) -> SimulatedTransport:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
