@@ -21,6 +21,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
+	mkdir -p .benchmarks
 	$(BIN)/python -m pytest bench -q --benchmark-only --benchmark-columns=median,iqr,rounds --benchmark-json=.benchmarks/kernels.json
 	$(BIN)/python tools/bench_ratios.py .benchmarks/kernels.json
 

@@ -15,6 +15,9 @@ from ._dtypes import (
     int32,
     int64,
     uint8,
+    uint16,
+    uint32,
+    uint64,
 )
 from ._errors import (
     BackendUnavailable,
@@ -64,5 +67,8 @@ __all__ = [
     "int8",
     "reduce_into",
     "reduce_many",
+    "uint16",
+    "uint32",
+    "uint64",
     "uint8",
 ]

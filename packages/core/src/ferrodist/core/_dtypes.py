@@ -23,6 +23,9 @@ __all__ = [
     "int16",
     "int32",
     "int64",
+    "uint16",
+    "uint32",
+    "uint64",
     "uint8",
 ]
 
@@ -68,14 +71,19 @@ bool_ = DType("bool", np.dtype(np.bool_), "bool", 1, _INT_OPS)
 int8 = DType("int8", np.dtype(np.int8), "int", 0, _INT_OPS)
 uint8 = DType("uint8", np.dtype(np.uint8), "uint", 1, _INT_OPS)
 int16 = DType("int16", np.dtype(np.int16), "int", None, _INT_OPS)
+uint16 = DType("uint16", np.dtype(np.uint16), "uint", None, _INT_OPS)
 int32 = DType("int32", np.dtype(np.int32), "int", 2, _INT_OPS)
+uint32 = DType("uint32", np.dtype(np.uint32), "uint", 3, _INT_OPS)
 int64 = DType("int64", np.dtype(np.int64), "int", 4, _INT_OPS)
+uint64 = DType("uint64", np.dtype(np.uint64), "uint", 5, _INT_OPS)
 float16 = DType("float16", np.dtype(np.float16), "float", 6, _FLOAT_OPS)
 bfloat16 = DType("bfloat16", np.dtype(ml_dtypes.bfloat16), "float", 9, _FLOAT_OPS)
 float32 = DType("float32", np.dtype(np.float32), "float", 7, _FLOAT_OPS)
 float64 = DType("float64", np.dtype(np.float64), "float", 8, _FLOAT_OPS)
 
-ALL_DTYPES: tuple[DType, ...] = (bool_, int8, uint8, int16, int32, int64, float16, bfloat16, float32, float64)
+ALL_DTYPES: tuple[DType, ...] = (
+    bool_, int8, uint8, int16, uint16, int32, uint32, int64, uint64, float16, bfloat16, float32, float64
+)
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 _BY_NUMPY = {d.numpy: d for d in ALL_DTYPES}
 _SUPPORTED = ", ".join(d.name for d in ALL_DTYPES)

@@ -172,3 +172,29 @@ def scale_f16(dst, divisor):  # type: ignore[no-untyped-def]
 def scale_bf16(dst, divisor):  # type: ignore[no-untyped-def]
     for i in range(dst.shape[0]):
         dst[i] = _bf16_store(_bf16_load(dst[i]) / divisor)
+
+
+@jit
+def f32_to_f16(dst, src):  # type: ignore[no-untyped-def]
+    """Round float32 values to float16 bit patterns (nearest-even)."""
+    for i in range(dst.shape[0]):
+        dst[i] = _f16_store(src[i])
+
+
+@jit
+def f32_to_bf16(dst, src):  # type: ignore[no-untyped-def]
+    """Round float32 values to bfloat16 bit patterns (nearest-even)."""
+    for i in range(dst.shape[0]):
+        dst[i] = _bf16_store(src[i])
+
+
+@jit
+def f16_to_f32(dst, src):  # type: ignore[no-untyped-def]
+    for i in range(dst.shape[0]):
+        dst[i] = _f16_load(src[i])
+
+
+@jit
+def bf16_to_f32(dst, src):  # type: ignore[no-untyped-def]
+    for i in range(dst.shape[0]):
+        dst[i] = _bf16_load(src[i])

@@ -1,7 +1,7 @@
 """ferrodist.testing: simulated worlds, numpy references and hypothesis strategies for
 testing distributed code (ferrodist's own tests use it; so can yours)."""
 
-from . import _strategies as strategies
+from . import strategies
 from ._reference import (
     assert_reduced,
     reduce_values,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from ferrodist.core import ReduceOp, dtype
@@ -78,7 +79,7 @@ def reduction_tolerance(values: Sequence[Array], op: ReduceOp | str) -> Array:
     k = len(values)
     if not dt.is_floating or op in (ReduceOp.MIN, ReduceOp.MAX):
         return np.zeros(np.shape(values[0]))
-    info = np.finfo(dt.numpy)
+    info = ml_dtypes.finfo(dt.numpy)  # numpy's finfo does not know bfloat16
     unit = float(info.eps) / 2
     tiny = float(info.smallest_normal)
     wide = [np.abs(np.asarray(v, dtype=np.float64)) for v in values]
