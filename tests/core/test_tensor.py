@@ -1,0 +1,185 @@
+"""Tensor and as_tensor: zero-copy views, clear refusals, DLPack, PyTorch."""
+
+from __future__ import annotations
+
+import array
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ferrodist.core import (
+    Device,
+    DeviceUnavailable,
+    InvalidArgument,
+    Tensor,
+    as_tensor,
+    bfloat16,
+    device,
+    float32,
+    reduce_into,
+)
+
+
+def test_numpy_arrays_are_viewed_not_copied():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = as_tensor(a)
+    assert t.numpy() is a
+    assert (t.shape, t.ndim, t.numel, t.nbytes, t.dtype, str(t.device)) == ((2, 3), 2, 6, 24, float32, "cpu")
+    assert np.shares_memory(t.flat(), a) and np.shares_memory(t.bytes_view(), a)
+    assert as_tensor(t) is t
+    reduce_into(t, np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(a, np.arange(6).reshape(2, 3) + 1)
+
+
+def test_zero_dim_and_empty_arrays():
+    assert as_tensor(np.float64(3.0) * np.ones(())).shape == ()
+    assert as_tensor(np.zeros((0, 4), np.int8)).numel == 0
+
+
+@pytest.mark.parametrize(
+    ("make", "dtype_name"),
+    [
+        (lambda: bytearray(b"\x01\x02\x03"), "uint8"),
+        (lambda: array.array("f", [1.0, 2.0]), "float32"),
+        (lambda: array.array("q", [1, 2]), "int64"),
+        (lambda: memoryview(bytearray(8)).cast("d"), "float64"),
+    ],
+)
+def test_python_buffers_are_viewed_in_place(make, dtype_name):
+    buf = make()
+    t = as_tensor(buf)
+    assert t.dtype.name == dtype_name
+    t.numpy()[0] = 7
+    assert memoryview(buf)[0] == 7
+
+
+def test_read_only_buffers_are_marked_read_only():
+    t = as_tensor(b"abc")
+    assert not t.writeable
+    with pytest.raises(InvalidArgument, match="read-only"):
+        reduce_into(t, np.zeros(3, np.uint8))
+
+
+def test_non_contiguous_input_is_refused_not_copied():
+    a = np.zeros((4, 4), np.float32)
+    with pytest.raises(InvalidArgument, match="not C-contiguous.*np.ascontiguousarray"):
+        as_tensor(a[:, 1])
+    with pytest.raises(InvalidArgument, match="not C-contiguous"):
+        as_tensor(np.asfortranarray(a))
+    with pytest.raises(InvalidArgument, match="not C-contiguous"):
+        as_tensor(memoryview(bytearray(16))[::2])
+
+
+@pytest.mark.parametrize("obj", [[1.0, 2.0], (1, 2), 3.5, "text", None, {"a": 1}])
+def test_objects_that_cannot_be_viewed_in_place_are_refused(obj):
+    with pytest.raises(InvalidArgument, match="cannot view"):
+        as_tensor(obj)
+
+
+def test_unsupported_dtypes_list_the_supported_ones():
+    with pytest.raises(InvalidArgument, match="complex128.*bfloat16"):
+        as_tensor(np.zeros(2, np.complex128))
+    with pytest.raises(InvalidArgument, match="not supported"):
+        as_tensor(np.zeros(2, ">f4"))
+
+
+def test_bfloat16_arrays():
+    a = np.arange(4).astype(ml_dtypes.bfloat16)
+    t = as_tensor(a)
+    assert t.dtype is bfloat16 and t.nbytes == 8
+
+
+def test_dlpack_round_trip_shares_memory():
+    a = np.arange(5, dtype=np.int32)
+    t = as_tensor(a)
+    back = np.from_dlpack(t)
+    back[0] = 42
+    assert a[0] == 42
+    assert t.__dlpack_device__() == (1, 0)
+    imported = as_tensor(_DLPackOnly(a))
+    assert np.shares_memory(imported.numpy(), a)
+
+
+def test_bfloat16_dlpack_export_is_refused_clearly():
+    with pytest.raises(InvalidArgument, match="DLPack"):
+        np.from_dlpack(as_tensor(np.zeros(2, ml_dtypes.bfloat16)))
+
+
+class _DLPackOnly:
+    """An object that only speaks DLPack (like a JAX CPU array)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, **kwargs):
+        return self._a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+class _FakeCudaArray:
+    __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+class _FakeCudaDLPack:
+    def __dlpack__(self, **kwargs):
+        raise AssertionError("must not be called")
+
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA
+
+
+@pytest.mark.parametrize("obj", [_FakeCudaArray(), _FakeCudaDLPack()])
+def test_gpu_arrays_need_the_gpu_package(obj):
+    with pytest.raises(DeviceUnavailable, match="ferrodist-gpu"):
+        as_tensor(obj)
+
+
+def test_to_cuda_without_the_gpu_package_is_a_clear_error():
+    t = as_tensor(np.zeros(2))
+    assert t.to("cpu") is t
+    with pytest.raises(DeviceUnavailable, match="ferrodist-gpu"):
+        t.to("cuda:0")
+
+
+def test_devices_parse():
+    assert device("cpu") == Device("cpu")
+    assert device("cuda:1") == Device("cuda", 1) and str(device("cuda:1")) == "cuda:1"
+    assert str(device("cuda")) == "cuda"
+    for bad in ["tpu", "cuda:x", "cpu:1", 3]:
+        with pytest.raises(InvalidArgument):
+            device(bad)
+
+
+def test_tensor_constructor_rejects_non_arrays():
+    with pytest.raises(InvalidArgument, match="as_tensor"):
+        Tensor([1, 2])
+
+
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize(
+    "name", ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool"]
+)
+def test_every_torch_dtype_is_viewed_without_copy(torch, name):
+    t = torch.zeros(3, dtype=getattr(torch, name))
+    view = as_tensor(t)
+    assert view.dtype.name == name
+    view.numpy()[1] = 1
+    assert t[1].item() == 1
+
+
+def test_torch_parameters_with_requires_grad_share_memory(torch):
+    p = torch.nn.Parameter(torch.zeros(2))
+    as_tensor(p).numpy()[0] = 5
+    assert p[0].item() == 5
+
+
+def test_non_contiguous_torch_tensor_is_refused(torch):
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        as_tensor(torch.zeros(4, 4).t())

@@ -1,0 +1,122 @@
+"""Each package's public surface is exactly the set written here, so API changes are deliberate.
+
+Changing a package's ``__all__`` means changing this file in the same commit.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+PUBLIC_API: dict[str, set[str]] = {
+    "ferrodist.core": {
+        "BackendUnavailable",
+        "CollectiveMismatch",
+        "CollectiveTimeout",
+        "DType",
+        "Device",
+        "DeviceUnavailable",
+        "FerrodistError",
+        "Group",
+        "InvalidArgument",
+        "InvalidRank",
+        "NotInitialized",
+        "PeerLost",
+        "ProtocolError",
+        "ReduceOp",
+        "Tensor",
+        "Work",
+        "as_tensor",
+        "bfloat16",
+        "bool_",
+        "device",
+        "dtype",
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "reduce_into",
+        "reduce_many",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+    },
+    "ferrodist.transport": {
+        "DEFAULT_TIMEOUT",
+        "Request",
+        "SimulatedTransport",
+        "Transport",
+    },
+    "ferrodist.collectives": {
+        "ALL_REDUCE_ALGORITHMS",
+        "ProcessGroup",
+        "ReduceOp",
+        "SMALL_MESSAGE_BYTES",
+        "Work",
+        "all_gather",
+        "all_reduce",
+        "all_to_all",
+        "barrier",
+        "broadcast",
+        "destroy_process_group",
+        "gather",
+        "get_rank",
+        "get_world_size",
+        "init_process_group",
+        "irecv",
+        "is_initialized",
+        "isend",
+        "new_group",
+        "recv",
+        "reduce",
+        "reduce_scatter",
+        "scatter",
+        "send",
+    },
+    "ferrodist.testing": {
+        "assert_reduced",
+        "reduce_values",
+        "reduction_tolerance",
+        "ref_all_gather",
+        "ref_all_reduce",
+        "ref_all_to_all",
+        "ref_broadcast",
+        "ref_gather",
+        "ref_reduce",
+        "ref_reduce_scatter",
+        "ref_scatter",
+        "run_world",
+        "strategies",
+    },
+}
+
+PACKAGES = sorted(PUBLIC_API)
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_all_is_the_agreed_set(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = list(module.__all__)
+    assert len(exported) == len(set(exported)), f"{name}.__all__ lists a name twice"
+    assert set(exported) == PUBLIC_API[name], (
+        f"{name}.__all__ changed: added {sorted(set(exported) - PUBLIC_API[name])}, "
+        f"removed {sorted(PUBLIC_API[name] - set(exported))}; if deliberate, update tests/test_public_api.py"
+    )
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_all_is_sorted(name: str) -> None:
+    exported = list(importlib.import_module(name).__all__)
+    assert exported == sorted(exported), f"{name}.__all__ is not in sorted() order; expected {sorted(exported)}"
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_every_exported_name_exists(name: str) -> None:
+    module = importlib.import_module(name)
+    missing = [attr for attr in module.__all__ if not hasattr(module, attr)]
+    assert not missing, f"{name}.__all__ lists names the module does not define: {missing}"

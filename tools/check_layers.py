@@ -1,0 +1,166 @@
+"""Check ferrodist's import rules (run from the repo root: ``python tools/check_layers.py [ROOT]``).
+
+Three rules, read from the source with ``ast`` (nothing is imported):
+
+1. Layers: a package imports only the ferrodist packages that ``ALLOWED`` lists for it
+   (absolute ``import ferrodist.x`` / ``from ferrodist.x import ...``; relative imports
+   stay inside their package). A package or import target missing from ``ALLOWED`` is an error.
+2. Namespace: no ``packages/*/src/ferrodist/__init__.py`` (``ferrodist`` is a PEP 420 namespace).
+3. No side effects at import: the optional heavy dependencies in ``HEAVY`` are imported
+   inside the functions that need them, never when a module under ``packages/`` is imported.
+
+Prints ``path:line: message`` per violation and exits 1, or prints one OK line and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+#: package -> the ferrodist packages it may import (besides itself). Extend when adding one.
+ALLOWED: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "transport": frozenset({"core"}),
+    "collectives": frozenset({"transport", "core"}),
+    "testing": frozenset({"collectives", "transport", "core"}),
+    "gpu": frozenset({"collectives", "core"}),
+    "nccl": frozenset({"core"}),
+    "ddp": frozenset({"collectives", "core"}),
+    "pipeline": frozenset({"collectives", "core"}),
+    "launch": frozenset({"collectives", "transport", "core"}),
+    "ferrodist": frozenset(),  # the meta-distribution ships no code of its own
+}
+
+#: Optional heavy dependencies: a module name or any of its submodules.
+HEAVY = ("torch", "mpi4py", "cuda", "numba.cuda", "numba_cuda", "cupy", "jax")
+
+_SKIP_DIRS = {"__pycache__", "build", "dist"}
+
+
+def _python_files(top: Path) -> Iterator[Path]:
+    for path in sorted(top.rglob("*.py")):
+        rel = path.relative_to(top).parts[:-1]
+        if not any(p in _SKIP_DIRS or p.startswith(".") or p.endswith(".egg-info") for p in rel):
+            yield path
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """Absolute module names an import statement binds (``from a import b`` gives ``a.b``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level or node.module is None:
+        return []  # relative: stays inside its own package
+    return [f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*"] or [node.module]
+
+
+def _is_heavy(name: str) -> bool:
+    return any(name == h or name.startswith(h + ".") for h in HEAVY)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_time(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Imports that run when the module is imported: outside functions and ``if TYPE_CHECKING:``."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            yield from _import_time(node.orelse)
+        else:  # class bodies, if/try/with/for/while/match blocks all run at import time
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    yield from _import_time([child])
+                elif isinstance(child, (ast.ExceptHandler, ast.match_case)):
+                    yield from _import_time(child.body)
+
+
+def _parse(path: Path, rel: str, errors: list[str]) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_text(encoding="utf-8"), filename=rel)
+    except (SyntaxError, UnicodeDecodeError) as exc:
+        errors.append(f"{rel}:{getattr(exc, 'lineno', None) or 1}: cannot parse: {exc}")
+        return None
+
+
+def check(root: Path) -> tuple[list[str], int]:
+    """All violations under ``root`` (a checkout) and the number of files read."""
+    errors: list[str] = []
+    packages_dir = root / "packages"
+    for init in sorted(packages_dir.glob("*/src/ferrodist/__init__.py")):
+        errors.append(f"{init.relative_to(root)}:1: ferrodist is a PEP 420 namespace package; delete this file")
+
+    owner: dict[Path, str] = {}  # file -> the ferrodist package it belongs to
+    for pkg_dir in sorted(p for p in packages_dir.glob("*/src/ferrodist/*") if p.is_dir()):
+        if pkg_dir.name in _SKIP_DIRS or pkg_dir.name.startswith(".") or pkg_dir.name.endswith(".egg-info"):
+            continue
+        if pkg_dir.name not in ALLOWED:
+            errors.append(
+                f"{pkg_dir.relative_to(root)}:1: unknown package {pkg_dir.name!r}; "
+                "add it to ALLOWED in tools/check_layers.py"
+            )
+        for path in _python_files(pkg_dir):
+            owner[path] = pkg_dir.name
+
+    files = list(_python_files(packages_dir)) if packages_dir.is_dir() else []
+    if not files:
+        errors.append(f"{packages_dir}:1: no Python files found; is {root} a ferrodist checkout?")
+    for path in files:
+        rel = str(path.relative_to(root))
+        tree = _parse(path, rel, errors)
+        if tree is None:
+            continue
+        for node in _import_time(tree.body):
+            for name in _imported(node):
+                if _is_heavy(name):
+                    errors.append(
+                        f"{rel}:{node.lineno}: module-level import of optional dependency {name!r}; "
+                        "import it inside the function that needs it"
+                    )
+        pkg = owner.get(path)
+        if pkg is None or pkg not in ALLOWED:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for name in _imported(node):
+                parts = name.split(".")
+                if parts[0] != "ferrodist" or len(parts) < 2 or parts[1] == pkg:
+                    continue
+                if parts[1] not in ALLOWED:
+                    errors.append(f"{rel}:{node.lineno}: import of unknown ferrodist package 'ferrodist.{parts[1]}'")
+                elif parts[1] not in ALLOWED[pkg]:
+                    allowed = ", ".join(sorted(ALLOWED[pkg])) or "no other ferrodist package"
+                    errors.append(
+                        f"{rel}:{node.lineno}: ferrodist.{pkg} must not import ferrodist.{parts[1]} "
+                        f"(it may import: {allowed})"
+                    )
+    return errors, len(files)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("root", nargs="?", type=Path, default=Path(__file__).resolve().parent.parent)
+    args = parser.parse_args(argv)
+    root: Path = args.root.resolve()
+    errors, count = check(root)
+    for line in errors:
+        print(line)
+    if errors:
+        print(f"check_layers: {len(errors)} violation(s)", file=sys.stderr)
+        return 1
+    print(f"check_layers: OK ({count} files under {root / 'packages'}: layers, namespace, lazy heavy imports)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
