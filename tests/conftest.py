@@ -26,4 +26,3 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("FERRODIST_HYPOTHESIS_PROFILE", "ci"))
-

@@ -12,9 +12,7 @@ CHECKER = REPO / "tools" / "check_layers.py"
 
 
 def run_checker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(CHECKER), *args], capture_output=True, text=True, timeout=120, cwd=REPO
-    )
+    return subprocess.run([sys.executable, str(CHECKER), *args], capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
 def write(root: Path, rel: str, source: str) -> None:

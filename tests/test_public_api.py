@@ -11,6 +11,7 @@ import pytest
 
 PUBLIC_API: dict[str, set[str]] = {
     "ferrodist.core": {
+        "ALL_DTYPES",
         "BackendUnavailable",
         "CollectiveMismatch",
         "CollectiveTimeout",
@@ -30,6 +31,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "as_tensor",
         "bfloat16",
         "bool_",
+        "check_op",
         "device",
         "dtype",
         "float16",
@@ -41,6 +43,8 @@ PUBLIC_API: dict[str, set[str]] = {
         "int64",
         "reduce_into",
         "reduce_many",
+        "reducer",
+        "scaler",
         "uint8",
         "uint16",
         "uint32",

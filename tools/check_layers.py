@@ -92,6 +92,31 @@ def _parse(path: Path, rel: str, errors: list[str]) -> ast.Module | None:
         return None
 
 
+def _heavy_violations(tree: ast.Module, rel: str) -> Iterator[str]:
+    for node in _import_time(tree.body):
+        for name in _imported(node):
+            if _is_heavy(name):
+                yield (
+                    f"{rel}:{node.lineno}: module-level import of optional dependency {name!r}; "
+                    "import it inside the function that needs it"
+                )
+
+
+def _layer_violations(tree: ast.Module, rel: str, pkg: str) -> Iterator[str]:
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        for name in _imported(node):
+            parts = name.split(".")
+            if parts[0] != "ferrodist" or len(parts) < 2 or parts[1] == pkg:
+                continue
+            if parts[1] not in ALLOWED:
+                yield f"{rel}:{node.lineno}: import of unknown ferrodist package 'ferrodist.{parts[1]}'"
+            elif parts[1] not in ALLOWED[pkg]:
+                allowed = ", ".join(sorted(ALLOWED[pkg])) or "no other ferrodist package"
+                yield f"{rel}:{node.lineno}: ferrodist.{pkg} must not import ferrodist.{parts[1]} (it may import: {allowed})"
+
+
 def check(root: Path) -> tuple[list[str], int]:
     """All violations under ``root`` (a checkout) and the number of files read."""
     errors: list[str] = []
@@ -108,8 +133,7 @@ def check(root: Path) -> tuple[list[str], int]:
                 f"{pkg_dir.relative_to(root)}:1: unknown package {pkg_dir.name!r}; "
                 "add it to ALLOWED in tools/check_layers.py"
             )
-        for path in _python_files(pkg_dir):
-            owner[path] = pkg_dir.name
+        owner.update(dict.fromkeys(_python_files(pkg_dir), pkg_dir.name))
 
     files = list(_python_files(packages_dir)) if packages_dir.is_dir() else []
     if not files:
@@ -119,31 +143,10 @@ def check(root: Path) -> tuple[list[str], int]:
         tree = _parse(path, rel, errors)
         if tree is None:
             continue
-        for node in _import_time(tree.body):
-            for name in _imported(node):
-                if _is_heavy(name):
-                    errors.append(
-                        f"{rel}:{node.lineno}: module-level import of optional dependency {name!r}; "
-                        "import it inside the function that needs it"
-                    )
+        errors.extend(_heavy_violations(tree, rel))
         pkg = owner.get(path)
-        if pkg is None or pkg not in ALLOWED:
-            continue
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
-                continue
-            for name in _imported(node):
-                parts = name.split(".")
-                if parts[0] != "ferrodist" or len(parts) < 2 or parts[1] == pkg:
-                    continue
-                if parts[1] not in ALLOWED:
-                    errors.append(f"{rel}:{node.lineno}: import of unknown ferrodist package 'ferrodist.{parts[1]}'")
-                elif parts[1] not in ALLOWED[pkg]:
-                    allowed = ", ".join(sorted(ALLOWED[pkg])) or "no other ferrodist package"
-                    errors.append(
-                        f"{rel}:{node.lineno}: ferrodist.{pkg} must not import ferrodist.{parts[1]} "
-                        f"(it may import: {allowed})"
-                    )
+        if pkg in ALLOWED:
+            errors.extend(_layer_violations(tree, rel, pkg))
     return errors, len(files)
 
 

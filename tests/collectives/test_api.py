@@ -21,8 +21,8 @@ from ferrodist.core import (
     PeerLost,
     ReduceOp,
 )
-from ferrodist.transport import SimulatedTransport
 from ferrodist.testing import run_world
+from ferrodist.transport import SimulatedTransport
 
 
 def test_single_process_world_without_a_launcher():

@@ -10,6 +10,7 @@ import pytest
 
 import ferrodist.core as core
 from ferrodist.core import (
+    ALL_DTYPES,
     BackendUnavailable,
     CollectiveMismatch,
     CollectiveTimeout,
@@ -21,9 +22,9 @@ from ferrodist.core import (
     PeerLost,
     ProtocolError,
     ReduceOp,
+    check_op,
     dtype,
 )
-from ferrodist.core._dtypes import ALL_DTYPES, check_op
 
 NCCL = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5, "float16": 6, "float32": 7}
 NCCL |= {"float64": 8, "bfloat16": 9, "bool": 1}
@@ -32,7 +33,9 @@ NCCL |= {"float64": 8, "bfloat16": 9, "bool": 1}
 def test_table_has_every_dtype_once_with_its_numpy_type_and_nccl_enum():
     names = [d.name for d in ALL_DTYPES]
     assert len(set(names)) == len(names)
-    assert {"bool", "int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"} <= set(names)
+    assert {"bool", "int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"} <= set(
+        names
+    )
     for d in ALL_DTYPES:
         assert dtype(d.name) is d and dtype(d.numpy) is d and dtype(d) is d
         assert d.nccl == NCCL.get(d.name)

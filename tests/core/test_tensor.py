@@ -63,7 +63,7 @@ def test_read_only_buffers_are_marked_read_only():
 
 def test_non_contiguous_input_is_refused_not_copied():
     a = np.zeros((4, 4), np.float32)
-    with pytest.raises(InvalidArgument, match="not C-contiguous.*np.ascontiguousarray"):
+    with pytest.raises(InvalidArgument, match=r"not C-contiguous.*np.ascontiguousarray"):
         as_tensor(a[:, 1])
     with pytest.raises(InvalidArgument, match="not C-contiguous"):
         as_tensor(np.asfortranarray(a))
@@ -78,7 +78,7 @@ def test_objects_that_cannot_be_viewed_in_place_are_refused(obj):
 
 
 def test_unsupported_dtypes_list_the_supported_ones():
-    with pytest.raises(InvalidArgument, match="complex128.*bfloat16"):
+    with pytest.raises(InvalidArgument, match=r"complex128.*bfloat16"):
         as_tensor(np.zeros(2, np.complex128))
     with pytest.raises(InvalidArgument, match="not supported"):
         as_tensor(np.zeros(2, ">f4"))
@@ -120,7 +120,9 @@ class _DLPackOnly:
 
 
 class _FakeCudaArray:
-    __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}
 
 
 class _FakeCudaDLPack:

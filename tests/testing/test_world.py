@@ -14,9 +14,9 @@ from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost, ReduceO
 from ferrodist.testing import (
     assert_reduced,
     reduce_values,
+    reduction_tolerance,
     ref_all_to_all,
     ref_reduce_scatter,
-    reduction_tolerance,
     run_world,
 )
 from ferrodist.testing import strategies as fst

@@ -60,7 +60,7 @@ def test_send_copies_so_the_sender_may_reuse_its_buffer():
 def test_size_mismatch_is_reported_to_the_receiver():
     t0, t1 = SimulatedTransport.create_group(2)
     t0.send(np.zeros(3, np.float32), 1)
-    with pytest.raises(CollectiveMismatch, match="expected 8 bytes from rank 0.*sent 12"):
+    with pytest.raises(CollectiveMismatch, match=r"expected 8 bytes from rank 0.*sent 12"):
         t1.recv(np.zeros(2, np.float32), 0, timeout=1)
 
 

@@ -31,9 +31,9 @@ from ._work import Work
 
 __all__ = [
     "ALL_REDUCE_ALGORITHMS",
-    "SMALL_MESSAGE_BYTES",
     "ProcessGroup",
     "ReduceOp",
+    "SMALL_MESSAGE_BYTES",
     "Work",
     "all_gather",
     "all_reduce",

@@ -105,7 +105,12 @@ def scatter(
 
 
 def all_to_all(
-    outputs: Any, inputs: Any, group: ProcessGroup | None = None, async_op: bool = False, *, timeout: float | None = None
+    outputs: Any,
+    inputs: Any,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    timeout: float | None = None,
 ) -> Work | None:
     """Group rank i's ``inputs[j]`` lands in group rank j's ``outputs[i]``."""
     return resolve(group).all_to_all(outputs, inputs, async_op=async_op, timeout=timeout)
@@ -116,13 +121,17 @@ def barrier(group: ProcessGroup | None = None, async_op: bool = False, *, timeou
     return resolve(group).barrier(async_op=async_op, timeout=timeout)
 
 
-def send(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0, *, timeout: float | None = None) -> None:
+def send(
+    tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0, *, timeout: float | None = None
+) -> None:
     """Send ``tensor`` to global rank ``dst``."""
     g = resolve(group)
     g.send(tensor, g.group_rank(dst), tag, timeout=timeout)
 
 
-def recv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0, *, timeout: float | None = None) -> None:
+def recv(
+    tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0, *, timeout: float | None = None
+) -> None:
     """Receive into ``tensor`` from global rank ``src``."""
     g = resolve(group)
     g.recv(tensor, g.group_rank(src), tag, timeout=timeout)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,8 @@ from ferrodist.core import CollectiveTimeout
 from ferrodist.transport import Request, Transport
 
 Array = np.ndarray[Any, Any]
+#: A kernel from ferrodist.core.reducer: fn(dst, srcs, divisor).
+Reducer = Callable[[Array, Sequence[Array], float], None]
 
 # Transport tag layout: [group id][1 bit: collective][8 bits: operation][31 bits: sequence or user tag].
 _SEQ_BITS = 31
@@ -51,8 +54,8 @@ def collective_tag(group_id: int, operation: str, seq: int) -> int:
     The operation is part of the tag, so ranks that disagree about which collective
     comes next wait (and time out naming each other) instead of exchanging bytes.
     """
-    return (group_id << _GROUP_SHIFT) | _COLLECTIVE_BIT | (OPERATION_CODES[operation] << _SEQ_BITS) | (
-        seq & MAX_USER_TAG
+    return (
+        (group_id << _GROUP_SHIFT) | _COLLECTIVE_BIT | (OPERATION_CODES[operation] << _SEQ_BITS) | (seq & MAX_USER_TAG)
     )
 
 

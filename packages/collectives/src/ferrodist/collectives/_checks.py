@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, ReduceOp, Tensor, as_tensor
-from ferrodist.core._dtypes import check_op
+from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, ReduceOp, Tensor, as_tensor, check_op
 
 from ._call import Array
 
@@ -75,9 +75,7 @@ class Checker:
 
     def absent(self, obj: object, what: str, root_name: str, root: int) -> None:
         if obj is not None:
-            raise self.fail(
-                f"{what} is only used on the {root_name} rank ({root}); pass None on the other ranks"
-            )
+            raise self.fail(f"{what} is only used on the {root_name} rank ({root}); pass None on the other ranks")
 
     def present(self, obj: object, what: str) -> Any:
         if obj is None:

@@ -3,7 +3,7 @@ gather and scatter through the root, and pairwise all_to_all."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ._call import Array, Call
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from ferrodist.core._reduce import Reducer
-
-from ._call import Array, Call
+from ._call import Array, Call, Reducer
 from ._plans import doubling_plan
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, ReduceOp
-from ferrodist.core._reduce import reducer
+from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, ReduceOp, reducer
 from ferrodist.transport import Transport
 
 from . import _direct, _doubling, _ring, _tree
@@ -37,9 +37,7 @@ class ProcessGroup:
         world.all_reduce(x)          # rank 0: [3.]   rank 1: [3.]
     """
 
-    def __init__(
-        self, transport: Transport, ranks: Sequence[int], group_id: int, *, timeout: float, name: str
-    ) -> None:
+    def __init__(self, transport: Transport, ranks: Sequence[int], group_id: int, *, timeout: float, name: str) -> None:
         self._transport = transport
         self._ranks = tuple(ranks)
         self._group_id = group_id
@@ -131,7 +129,9 @@ class ProcessGroup:
         with self._seq_lock:
             seq = next(self._seq)
         tag = collective_tag(self._group_id, operation, seq)
-        context = f"rank {self._global_rank}: {operation} #{seq} on group {self._name} (group rank {rank} of {self.size})"
+        context = (
+            f"rank {self._global_rank}: {operation} #{seq} on group {self._name} (group rank {rank} of {self.size})"
+        )
 
         def run() -> None:
             call = Call(self._transport, self._ranks, rank, tag, time.monotonic() + limit, self._scratch)
@@ -248,7 +248,9 @@ class ProcessGroup:
             "reduce", lambda call: _tree.reduce(call, x, root, kernel, divisor), async_op=async_op, timeout=timeout
         )
 
-    def all_gather(self, output: Any, tensor: Any, *, async_op: bool = False, timeout: float | None = None) -> Work | None:
+    def all_gather(
+        self, output: Any, tensor: Any, *, async_op: bool = False, timeout: float | None = None
+    ) -> Work | None:
         """Every rank receives every rank's ``tensor``: ``output`` is a list of ``size`` tensors
         shaped like ``tensor``, or one tensor of ``size * tensor.numel`` elements (rank-major).
 
@@ -324,7 +326,9 @@ class ProcessGroup:
         root = check.root(dst, self.size, "dst")
         t = check.tensor(tensor)
         if self._rank == root:
-            blocks = check.blocks(check.present(gather_list, "gather_list"), t, self.size, "gather_list", writeable=True)
+            blocks = check.blocks(
+                check.present(gather_list, "gather_list"), t, self.size, "gather_list", writeable=True
+            )
         else:
             check.absent(gather_list, "gather_list", "dst", root)
             blocks = None
@@ -355,7 +359,9 @@ class ProcessGroup:
         root = check.root(src, self.size, "src")
         t = check.tensor(tensor, writeable=True)
         if self._rank == root:
-            blocks = check.blocks(check.present(scatter_list, "scatter_list"), t, self.size, "scatter_list", writeable=False)
+            blocks = check.blocks(
+                check.present(scatter_list, "scatter_list"), t, self.size, "scatter_list", writeable=False
+            )
         else:
             check.absent(scatter_list, "scatter_list", "src", root)
             blocks = None
@@ -380,7 +386,7 @@ class ProcessGroup:
         check = self._checker("all_to_all")
         outs = split_equally(check, outputs, self.size, "outputs", writeable=True)
         ins = split_equally(check, inputs, self.size, "inputs", writeable=False)
-        for i, (o, t) in enumerate(zip(outs, ins)):
+        for i, (o, t) in enumerate(zip(outs, ins, strict=False)):
             if o.dtype is not ins[0].dtype or t.dtype is not ins[0].dtype:
                 raise check.fail(f"outputs[{i}] / inputs[{i}] mix dtypes; use {ins[0].dtype.name} throughout")
         me = self._rank

@@ -7,11 +7,9 @@ per step, the send and the receive run at the same time. A rank moves
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from ferrodist.core._reduce import Reducer
-
-from ._call import Array, Call
+from ._call import Array, Call, Reducer
 from ._plans import ring_plan
 
 

@@ -7,7 +7,7 @@ default group of the thread that made it; any other is the process's default gro
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from ferrodist.core import BackendUnavailable, InvalidArgument, InvalidRank, NotInitialized
 from ferrodist.transport import DEFAULT_TIMEOUT, SimulatedTransport, Transport

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ferrodist.core._reduce import Reducer
-
-from ._call import Array, Call
+from ._call import Array, Call, Reducer
 from ._plans import binomial_tree, dissemination_peers
 
 

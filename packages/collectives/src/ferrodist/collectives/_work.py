@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ferrodist.core import CollectiveTimeout, FerrodistError
 from ferrodist.transport import Request
@@ -97,7 +97,7 @@ class Worker:
             fn, work = item
             try:
                 fn()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiter, not swallowed
+            except BaseException as exc:
                 work._finish(exc)
             else:
                 work._finish(None)

@@ -3,9 +3,11 @@ that every other ferrodist package builds on."""
 
 from ._device import Device, device
 from ._dtypes import (
+    ALL_DTYPES,
     DType,
     bfloat16,
     bool_,
+    check_op,
     dtype,
     float16,
     float32,
@@ -33,10 +35,11 @@ from ._errors import (
 )
 from ._group import Group, Work
 from ._ops import ReduceOp
-from ._reduce import reduce_into, reduce_many
+from ._reduce import reduce_into, reduce_many, reducer, scaler
 from ._tensor import Tensor, as_tensor
 
 __all__ = [
+    "ALL_DTYPES",
     "BackendUnavailable",
     "CollectiveMismatch",
     "CollectiveTimeout",
@@ -56,6 +59,7 @@ __all__ = [
     "as_tensor",
     "bfloat16",
     "bool_",
+    "check_op",
     "device",
     "dtype",
     "float16",
@@ -67,6 +71,8 @@ __all__ = [
     "int8",
     "reduce_into",
     "reduce_many",
+    "reducer",
+    "scaler",
     "uint16",
     "uint32",
     "uint64",

@@ -12,9 +12,11 @@ from ._errors import InvalidArgument
 from ._ops import ReduceOp
 
 __all__ = [
+    "ALL_DTYPES",
     "DType",
     "bfloat16",
     "bool_",
+    "check_op",
     "dtype",
     "float16",
     "float32",
@@ -82,7 +84,19 @@ float32 = DType("float32", np.dtype(np.float32), "float", 7, _FLOAT_OPS)
 float64 = DType("float64", np.dtype(np.float64), "float", 8, _FLOAT_OPS)
 
 ALL_DTYPES: tuple[DType, ...] = (
-    bool_, int8, uint8, int16, uint16, int32, uint32, int64, uint64, float16, bfloat16, float32, float64
+    bool_,
+    int8,
+    uint8,
+    int16,
+    uint16,
+    int32,
+    uint32,
+    int64,
+    uint64,
+    float16,
+    bfloat16,
+    float32,
+    float64,
 )
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 _BY_NUMPY = {d.numpy: d for d in ALL_DTYPES}

@@ -112,9 +112,7 @@ class PeerLost(FerrodistError, ConnectionError):
         peer: the global rank that was lost.
     """
 
-    def __init__(
-        self, message: str, *, peer: int, rank: int | None = None, operation: str | None = None
-    ) -> None:
+    def __init__(self, message: str, *, peer: int, rank: int | None = None, operation: str | None = None) -> None:
         super().__init__(message, rank=rank, operation=operation)
         self.peer = peer
 

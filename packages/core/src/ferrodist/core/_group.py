@@ -6,7 +6,8 @@ interchangeable for everything built on top of them.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from ._ops import ReduceOp
 

@@ -7,7 +7,8 @@ rank's thread never blocks another rank's thread).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numba
 from llvmlite import ir

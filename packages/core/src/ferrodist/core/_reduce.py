@@ -8,7 +8,8 @@ For collective algorithms: :func:`reducer` returns the raw, validated-once calla
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,49 +35,57 @@ _BOOL_OPCODE = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def _table() -> dict[tuple[str, ReduceOp], tuple[Any, np.dtype[Any] | None, int, bool]]:
-    """(dtype name, op) -> (kernel, bit-pattern view dtype or None, opcode, takes divisor).
+@functools.cache
+def _table() -> dict[tuple[str, ReduceOp], tuple[Any, np.dtype[Any] | None, int]]:
+    """(dtype name, op) -> (kernel, bit-pattern view dtype or None, opcode).
 
     Built on first use so that importing ferrodist.core does not import Numba.
+    Kernels are compiled lazily, per source count, on their first call.
     """
     from . import _kernels as k
 
-    family: dict[str, tuple[Any, np.dtype[Any] | None, bool]] = {
-        "float16": (k.reduce_f16, np.dtype(np.uint16), True),
-        "bfloat16": (k.reduce_bf16, np.dtype(np.uint16), True),
-        "float32": (k.reduce_float, None, True),
-        "float64": (k.reduce_float, None, True),
-        "bool": (k.reduce_int, np.dtype(np.uint8), False),
+    halves = {
+        "float16": {
+            ReduceOp.SUM: k.f16_sum,
+            ReduceOp.AVG: k.f16_avg,
+            ReduceOp.PRODUCT: k.f16_product,
+            ReduceOp.MIN: k.f16_min,
+            ReduceOp.MAX: k.f16_max,
+        },
+        "bfloat16": {
+            ReduceOp.SUM: k.bf16_sum,
+            ReduceOp.AVG: k.bf16_avg,
+            ReduceOp.PRODUCT: k.bf16_product,
+            ReduceOp.MIN: k.bf16_min,
+            ReduceOp.MAX: k.bf16_max,
+        },
     }
     table = {}
     for dt in ALL_DTYPES:
-        kernel, view, divides = family.get(dt.name, (k.reduce_int, None, False))
         for op in dt.ops:
             opcode = ReduceOp.SUM if op is ReduceOp.AVG else op
-            if dt.name == "bool":
-                opcode = _BOOL_OPCODE.get(op, op)
-            table[(dt.name, op)] = (kernel, view, opcode.value, divides)
+            if dt.name in halves:
+                table[(dt.name, op)] = (halves[dt.name][op], np.dtype(np.uint16), opcode.value)
+            elif dt.is_floating:
+                table[(dt.name, op)] = (k.reduce_float, None, opcode.value)
+            elif dt.name == "bool":
+                table[(dt.name, op)] = (k.reduce_int, np.dtype(np.uint8), _BOOL_OPCODE.get(op, op).value)
+            else:
+                table[(dt.name, op)] = (k.reduce_int, None, opcode.value)
     return table
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reducer(dt: DType, op: ReduceOp) -> Reducer:
     """The kernel for ``(dt, op)`` as ``fn(dst, srcs, divisor)``.
 
     ``dst`` and every source are one-dimensional numpy arrays of ``dt`` with the same
     length; ``dst`` may be one of the sources. ``divisor`` divides the combined value
-    before its rounding (pass ``1.0`` except for AVG; only floating dtypes use it).
+    before its rounding (pass ``1.0`` except for AVG; integer kernels ignore it).
     AVG combines as SUM: the caller chooses the divisor (the number of ranks).
     The caller has checked the op with ``check_op``.
     """
-    kernel, view, opcode, divides = _table()[(dt.name, op)]
-
-    def call(dst: Array, group: tuple[Array, ...], divisor: float) -> None:
-        if divides:
-            kernel(dst, group, opcode, divisor)
-        else:
-            kernel(dst, group, opcode)
+    kernel, view, opcode = _table()[(dt.name, op)]
 
     def run(dst: Array, srcs: Sequence[Array], divisor: float) -> None:
         if view is not None:
@@ -84,23 +93,23 @@ def reducer(dt: DType, op: ReduceOp) -> Reducer:
             srcs = [s.view(view) for s in srcs]
         rest = srcs[MAX_FUSED_SOURCES:]
         if not rest:
-            call(dst, tuple(srcs), divisor)
+            kernel(dst, tuple(srcs), opcode, divisor)
             return
         # More sources than one kernel reads: fold them in groups, dividing only at the end.
         target = dst
         if any(np.may_share_memory(dst, s) for s in rest):
             target = np.empty_like(dst)  # dst is read later: accumulate elsewhere first
-        call(target, tuple(srcs[:MAX_FUSED_SOURCES]), 1.0)
+        kernel(target, tuple(srcs[:MAX_FUSED_SOURCES]), opcode, 1.0)
         while rest:
             group, rest = rest[: MAX_FUSED_SOURCES - 1], rest[MAX_FUSED_SOURCES - 1 :]
-            call(target, (target, *group), 1.0 if rest else divisor)
+            kernel(target, (target, *group), opcode, 1.0 if rest else divisor)
         if target is not dst:
             dst[...] = target
 
     return run
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def scaler(dt: DType) -> Callable[[Array, float], None]:
     """``fn(dst, divisor)``: divide a floating array in place (one rounding per element)."""
     from . import _kernels as k
@@ -130,9 +139,7 @@ def _flat_operands(dst: object, srcs: Sequence[object], operation: str) -> tuple
                 "convert first (reductions never mix dtypes)"
             )
         if t.numel != out.numel:
-            raise InvalidArgument(
-                f"{operation}: source {i} has {t.numel} elements but the destination has {out.numel}"
-            )
+            raise InvalidArgument(f"{operation}: source {i} has {t.numel} elements but the destination has {out.numel}")
     return out, ins
 
 

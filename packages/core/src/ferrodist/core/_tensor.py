@@ -31,7 +31,7 @@ class Tensor:
         ((4,), 'float32', 'cpu')
     """
 
-    __slots__ = ("_array", "_dtype", "_device", "_source")
+    __slots__ = ("_array", "_device", "_dtype", "_source")
 
     def __init__(self, array: np.ndarray[Any, Any], *, source: object = None) -> None:
         if not isinstance(array, np.ndarray):

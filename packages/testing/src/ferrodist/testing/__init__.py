@@ -5,6 +5,7 @@ from . import strategies
 from ._reference import (
     assert_reduced,
     reduce_values,
+    reduction_tolerance,
     ref_all_gather,
     ref_all_reduce,
     ref_all_to_all,
@@ -13,13 +14,13 @@ from ._reference import (
     ref_reduce,
     ref_reduce_scatter,
     ref_scatter,
-    reduction_tolerance,
 )
 from ._world import run_world
 
 __all__ = [
     "assert_reduced",
     "reduce_values",
+    "reduction_tolerance",
     "ref_all_gather",
     "ref_all_reduce",
     "ref_all_to_all",
@@ -28,8 +29,6 @@ __all__ = [
     "ref_reduce",
     "ref_reduce_scatter",
     "ref_scatter",
-    "reduction_tolerance",
     "run_world",
     "strategies",
 ]
-

@@ -9,7 +9,8 @@ the dtype itself (wrapping around exactly as the kernels do).
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ferrodist.collectives import destroy_process_group, init_process_group, is_initialized
 from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost
@@ -57,7 +58,7 @@ def run_world(
         try:
             init_process_group("simulated", transport=transports[rank], timeout=timeout)
             results[rank] = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+        except BaseException as exc:
             with lock:
                 failures.append((time.monotonic(), rank, exc))
             transports[rank].close()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
-from ferrodist.core import DType, ReduceOp, dtype
-from ferrodist.core._dtypes import ALL_DTYPES
+from ferrodist.core import ALL_DTYPES, DType, ReduceOp, dtype
 
 __all__ = [
     "dtypes",
@@ -69,7 +69,9 @@ def tensors(
         info = np.iinfo(dt.numpy)
         elements = st.integers(int(info.min), int(info.max))
     return st.lists(elements, min_size=count, max_size=count).map(
-        lambda values: np.array(values, dtype=np.float64 if dt.is_floating else dt.numpy).astype(dt.numpy).reshape(shape)
+        lambda values: (
+            np.array(values, dtype=np.float64 if dt.is_floating else dt.numpy).astype(dt.numpy).reshape(shape)
+        )
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Deque
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +36,8 @@ class _Mailbox:
 
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
-        self.unexpected: dict[Key, Deque[Buffer]] = collections.defaultdict(collections.deque)
-        self.posted: dict[Key, Deque[_Recv]] = collections.defaultdict(collections.deque)
+        self.unexpected: dict[Key, collections.deque[Buffer]] = collections.defaultdict(collections.deque)
+        self.posted: dict[Key, collections.deque[_Recv]] = collections.defaultdict(collections.deque)
 
 
 class _Hub:
@@ -114,7 +114,9 @@ class _Recv:
                     )
                 if t._hub.closed[t.rank]:
                     self._withdraw(box)
-                    raise PeerLost(f"rank {t.rank}: this transport was closed while receiving", peer=t.rank, rank=t.rank)
+                    raise PeerLost(
+                        f"rank {t.rank}: this transport was closed while receiving", peer=t.rank, rank=t.rank
+                    )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self._withdraw(box)
@@ -155,7 +157,9 @@ class SimulatedTransport:
     def create_group(cls, world_size: int, *, timeout: float = DEFAULT_TIMEOUT) -> list[SimulatedTransport]:
         """``world_size`` connected transports, one per rank (rank i at index i)."""
         if not isinstance(world_size, int) or world_size < 1:
-            raise InvalidArgument(f"SimulatedTransport.create_group: world_size must be an int >= 1, not {world_size!r}")
+            raise InvalidArgument(
+                f"SimulatedTransport.create_group: world_size must be an int >= 1, not {world_size!r}"
+            )
         if timeout <= 0:
             raise InvalidArgument(f"SimulatedTransport.create_group: timeout must be positive, not {timeout!r}")
         hub = _Hub(world_size)
@@ -192,9 +196,7 @@ class SimulatedTransport:
                 rank=self._rank,
             )
         if peer == self._rank:
-            raise InvalidRank(
-                f"rank {self._rank}: {what} names itself; copy the data locally instead", rank=self._rank
-            )
+            raise InvalidRank(f"rank {self._rank}: {what} names itself; copy the data locally instead", rank=self._rank)
         if self.closed:
             raise PeerLost(f"rank {self._rank}: {what} on a closed transport", peer=self._rank, rank=self._rank)
         return peer
