@@ -389,8 +389,7 @@ class ProcessGroup:
         for i, (o, t) in enumerate(zip(outs, ins, strict=False)):
             if o.dtype is not ins[0].dtype or t.dtype is not ins[0].dtype:
                 raise check.fail(f"outputs[{i}] / inputs[{i}] mix dtypes; use {ins[0].dtype.name} throughout")
-        me = self._rank
-        assert me is not None
+        me = self._member_rank("all_to_all")
         check.same_kind(ins[me], outs[me], f"inputs[{me}] (kept by this rank)")
         out_flat, in_flat = flats(outs), flats(ins)
         return self._launch(

@@ -89,7 +89,8 @@ def init_process_group(
         )
     threaded = isinstance(transport, SimulatedTransport)
     with _lock:
-        if (getattr(_thread_default, "group", None) if threaded else (_process_default or [None])[0]) is not None:
+        existing = getattr(_thread_default, "group", None) if threaded else _process_default
+        if existing:
             raise InvalidArgument(
                 "init_process_group: the default process group is already initialized; "
                 "call destroy_process_group() first"

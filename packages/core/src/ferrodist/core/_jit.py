@@ -36,9 +36,10 @@ def f32_from_bits(typingctx: Any, bits: Any) -> Any:
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         value = args[0]
-        if bits.bitwidth > 32:
+        width = bits.bitwidth  # type: ignore[attr-defined]
+        if width > 32:
             value = builder.trunc(value, ir.IntType(32))
-        elif bits.bitwidth < 32:
+        elif width < 32:
             value = builder.zext(value, ir.IntType(32))
         return builder.bitcast(value, ir.FloatType())
 

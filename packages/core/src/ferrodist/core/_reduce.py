@@ -60,7 +60,7 @@ def _table() -> dict[tuple[str, ReduceOp], tuple[Any, np.dtype[Any] | None, int]
             ReduceOp.MAX: k.bf16_max,
         },
     }
-    table = {}
+    table: dict[tuple[str, ReduceOp], tuple[Any, np.dtype[Any] | None, int]] = {}
     for dt in ALL_DTYPES:
         for op in dt.ops:
             opcode = ReduceOp.SUM if op is ReduceOp.AVG else op

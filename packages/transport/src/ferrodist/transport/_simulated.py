@@ -85,7 +85,7 @@ class _Recv:
         if payload.nbytes != self.buf.nbytes:
             me = self.transport.rank
             self.error = CollectiveMismatch(
-                f"rank {me} expected {self.buf.nbytes} bytes from rank {self.src} (tag {self.tag}) "
+                f"rank {me} expected {self.buf.nbytes} bytes from rank {self.src} (tag {self.tag:#x}) "
                 f"but rank {self.src} sent {payload.nbytes}: the two ranks passed tensors of different "
                 "sizes or dtypes to the same call",
                 rank=me,
@@ -107,7 +107,7 @@ class _Recv:
                 if t._hub.closed[self.src]:
                     self._withdraw(box)
                     raise PeerLost(
-                        f"rank {t.rank} was waiting for a message from rank {self.src} (tag {self.tag}) "
+                        f"rank {t.rank} was waiting for a message from rank {self.src} (tag {self.tag:#x}) "
                         f"but rank {self.src} closed or failed; see that rank's error",
                         peer=self.src,
                         rank=t.rank,
@@ -121,7 +121,7 @@ class _Recv:
                 if remaining <= 0:
                     self._withdraw(box)
                     raise CollectiveTimeout(
-                        f"rank {t.rank} waited {limit:g} s for a message from rank {self.src} (tag {self.tag}) "
+                        f"rank {t.rank} waited {limit:g} s for a message from rank {self.src} (tag {self.tag:#x}) "
                         f"that never came: rank {self.src} has not reached the matching call, or is stuck "
                         "(raise the timeout if it is only slow)",
                         rank=t.rank,
