@@ -33,6 +33,11 @@ def test_single_process_world_without_a_launcher():
         dist.all_reduce(x, ReduceOp.AVG)
         np.testing.assert_array_equal(x, [1.0, 2.0])
         assert isinstance(world, Group)
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(dist.get_world_size()))
+        worker.start()
+        worker.join(5)
+        assert seen == [1]  # the process's default group, visible from any thread
     finally:
         dist.destroy_process_group()
     assert not dist.is_initialized()

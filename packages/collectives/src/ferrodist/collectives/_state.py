@@ -1,7 +1,7 @@
 """The default process group: set by ``init_process_group``, cleared by ``destroy_process_group``.
 
-A group made over a simulated transport (ranks as threads of one process) is the
-default group of the thread that made it; any other is the process's default group.
+A group made over a simulated transport passed in by the caller (ranks as threads of one
+process) is the default group of the thread that made it; any other is the process's.
 """
 
 from __future__ import annotations
@@ -77,6 +77,9 @@ def init_process_group(
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise InvalidArgument(f"init_process_group: timeout must be a positive number of seconds, not {timeout!r}")
+    # Simulated ranks handed in as transports are threads of one process: each thread gets
+    # its own default group. A world this call builds itself belongs to the whole process.
+    threaded = isinstance(transport, SimulatedTransport)
     if transport is None:
         transport = _make_transport(backend, rank, world_size, timeout)
     elif backend not in ("simulated", "auto"):
@@ -87,7 +90,6 @@ def init_process_group(
         raise InvalidArgument(
             f"init_process_group: world_size={world_size} but the transport has {transport.world_size} ranks"
         )
-    threaded = isinstance(transport, SimulatedTransport)
     with _lock:
         existing = getattr(_thread_default, "group", None) if threaded else _process_default
         if existing:
