@@ -44,7 +44,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "reduce_into",
         "reduce_many",
         "reducer",
-        "scaler",
         "uint8",
         "uint16",
         "uint32",

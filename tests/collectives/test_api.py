@@ -299,6 +299,36 @@ def test_destroy_process_group_stops_the_async_worker():
     run_world(2, rank_main)
 
 
+def test_destroying_the_world_stops_the_workers_of_its_subgroups():
+    def rank_main():
+        sub = dist.new_group()
+        sub.all_reduce(np.ones(1), async_op=True).wait(5)
+        worker = sub._worker
+        dist.destroy_process_group()
+        dist.init_process_group()  # run_world tears a group down afterwards
+        return worker._thread.is_alive(), sub._worker
+
+    assert run_world(2, rank_main) == [(False, None)] * 2
+
+
+def test_a_failed_async_call_reports_through_its_work():
+    def rank_main():
+        if dist.get_rank() == 1:
+            time.sleep(1.0)  # never joins the all_reduce, but stays until rank 0 is done
+            return None
+        work = dist.all_reduce(np.ones(1), async_op=True, timeout=0.2)
+        with pytest.raises(CollectiveTimeout, match=r"rank 0: all_reduce #0 on group world"):
+            work.wait(5)
+        assert work.is_completed() and not work.is_success()
+        assert isinstance(work.exception(), CollectiveTimeout)
+        with pytest.raises(CollectiveTimeout):
+            work.wait(0)  # the error stays with the work
+        assert "failed" in repr(work)
+        return None
+
+    run_world(2, rank_main)
+
+
 def test_torch_tensors_are_reduced_in_place():
     torch = pytest.importorskip("torch")
 

@@ -185,3 +185,14 @@ def test_torch_parameters_with_requires_grad_share_memory(torch):
 def test_non_contiguous_torch_tensor_is_refused(torch):
     with pytest.raises(InvalidArgument, match="contiguous"):
         as_tensor(torch.zeros(4, 4).t())
+
+
+def test_repr_len_and_array_protocol():
+    a = np.arange(6, dtype=np.int16).reshape(3, 2)
+    t = as_tensor(a)
+    assert repr(t) == "Tensor(shape=(3, 2), dtype=int16, device=cpu)"
+    assert len(t) == 3
+    assert np.asarray(t) is a
+    np.testing.assert_array_equal(np.asarray(t, dtype=np.float64), a.astype(np.float64))
+    with pytest.raises(TypeError, match="0-d"):
+        len(as_tensor(np.zeros(())))

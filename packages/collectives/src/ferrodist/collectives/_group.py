@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,6 +52,7 @@ class ProcessGroup:
         self._worker: Worker | None = None
         self._worker_lock = threading.Lock()
         self._child_ids = itertools.count(1)  # ids of the groups new_group derives from this one
+        self._children: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
         self._destroyed = False
 
     # -- identity ------------------------------------------------------------------------------
@@ -119,8 +121,18 @@ class ProcessGroup:
             )
         return self._rank
 
-    def _child_id(self) -> int:
-        return next(self._child_ids)
+    def _derive(self, ranks: Sequence[int], timeout: float | None) -> ProcessGroup:
+        """A group of some of this group's ranks (global ranks), shut down along with this one."""
+        group_id = next(self._child_ids)
+        child = ProcessGroup(
+            self._transport,
+            ranks,
+            group_id,
+            timeout=self._timeout if timeout is None else timeout,
+            name=f"{group_id}{list(ranks)}",
+        )
+        self._children.add(child)
+        return child
 
     # -- running a call ------------------------------------------------------------------------
     def _launch(self, operation: str, body: Body, *, async_op: bool, timeout: float | None) -> Work | None:
@@ -439,7 +451,10 @@ class ProcessGroup:
 
     # -- lifetime --------------------------------------------------------------------------------
     def _shutdown(self, timeout: float = 5.0) -> None:
-        """Finish queued async work and stop the worker; the group cannot be used afterwards."""
+        """Finish queued async work and stop the worker (and those of the groups derived
+        from this one); the group cannot be used afterwards."""
+        for child in list(self._children):
+            child._shutdown(timeout)
         self._destroyed = True
         with self._worker_lock:
             worker, self._worker = self._worker, None

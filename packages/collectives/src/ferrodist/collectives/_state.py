@@ -161,14 +161,7 @@ def new_group(ranks: Sequence[int] | None = None, *, timeout: float | None = Non
     bad = [r for r in chosen if not 0 <= r < size]
     if bad:
         raise InvalidRank(f"new_group: ranks {bad} are outside the world of {size} ranks (valid: 0..{size - 1})")
-    group_id = world._child_id()
-    return ProcessGroup(
-        world.transport,
-        chosen,
-        group_id,
-        timeout=world.timeout if timeout is None else timeout,
-        name=f"{group_id}{chosen}",
-    )
+    return world._derive(chosen, timeout)
 
 
 def get_rank(group: ProcessGroup | None = None) -> int:

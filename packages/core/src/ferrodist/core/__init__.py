@@ -35,7 +35,7 @@ from ._errors import (
 )
 from ._group import Group, Work
 from ._ops import ReduceOp
-from ._reduce import reduce_into, reduce_many, reducer, scaler
+from ._reduce import reduce_into, reduce_many, reducer
 from ._tensor import Tensor, as_tensor
 
 __all__ = [
@@ -72,7 +72,6 @@ __all__ = [
     "reduce_into",
     "reduce_many",
     "reducer",
-    "scaler",
     "uint16",
     "uint32",
     "uint64",

@@ -206,24 +206,6 @@ def f16_max(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
 
 
 @jit
-def scale_float(dst, divisor):  # type: ignore[no-untyped-def]
-    for i in range(dst.shape[0]):
-        dst[i] = dst[i] / divisor
-
-
-@jit
-def scale_f16(dst, divisor):  # type: ignore[no-untyped-def]
-    for i in range(dst.shape[0]):
-        dst[i] = _f16_store(_f16_load(dst[i]) / divisor)
-
-
-@jit
-def scale_bf16(dst, divisor):  # type: ignore[no-untyped-def]
-    for i in range(dst.shape[0]):
-        dst[i] = _bf16_store(_bf16_load(dst[i]) / divisor)
-
-
-@jit
 def f32_to_f16(dst, src):  # type: ignore[no-untyped-def]
     """Round float32 values to float16 bit patterns (nearest-even)."""
     for i in range(dst.shape[0]):

@@ -18,7 +18,7 @@ from ._errors import InvalidArgument
 from ._ops import ReduceOp
 from ._tensor import Tensor, as_tensor
 
-__all__ = ["MAX_FUSED_SOURCES", "reduce_into", "reduce_many", "reducer", "scaler"]
+__all__ = ["MAX_FUSED_SOURCES", "reduce_into", "reduce_many", "reducer"]
 
 #: The most sources one kernel call reads; more are folded in groups of this size.
 MAX_FUSED_SOURCES = 8
@@ -105,22 +105,6 @@ def reducer(dt: DType, op: ReduceOp) -> Reducer:
             kernel(target, (target, *group), opcode, 1.0 if rest else divisor)
         if target is not dst:
             dst[...] = target
-
-    return run
-
-
-@functools.cache
-def scaler(dt: DType) -> Callable[[Array, float], None]:
-    """``fn(dst, divisor)``: divide a floating array in place (one rounding per element)."""
-    from . import _kernels as k
-
-    if not dt.is_floating:
-        raise InvalidArgument(f"cannot divide a {dt.name} tensor in place; only floating dtypes scale")
-    kernel = {"float16": k.scale_f16, "bfloat16": k.scale_bf16}.get(dt.name, k.scale_float)
-    view = np.dtype(np.uint16) if dt.name in ("float16", "bfloat16") else None
-
-    def run(dst: Array, divisor: float) -> None:
-        kernel(dst.view(view) if view is not None else dst, float(divisor))
 
     return run
 
