@@ -209,21 +209,29 @@ def test_a_rank_that_skips_a_collective_is_named_in_the_timeout():
     assert isinstance(results[1], (CollectiveTimeout, PeerLost))
 
 
-def test_ranks_calling_different_collectives_time_out_instead_of_mixing_bytes():
+def test_ranks_calling_different_collectives_are_told_at_once_what_each_called():
     def rank_main():
         x = np.ones(2)
+        start = time.monotonic()
         try:
             if dist.get_rank() == 0:
-                dist.all_reduce(x, timeout=0.3)
+                dist.all_reduce(x, timeout=5)
             else:
-                dist.reduce(x, dst=1, timeout=0.3)
-        except (CollectiveTimeout, PeerLost) as exc:
-            return type(exc), x.tolist()
-        return None, x.tolist()
+                dist.reduce(x, dst=1, timeout=5)
+        except (CollectiveMismatch, PeerLost) as exc:
+            return exc, x.tolist(), time.monotonic() - start
+        return None, x.tolist(), 0.0
 
-    results = run_world(2, rank_main)
-    assert results[0] == (CollectiveTimeout, [1.0, 1.0])
-    assert results[1][0] in (CollectiveTimeout, PeerLost) and results[1][1] == [1.0, 1.0]
+    (err0, x0, _), (err1, x1, took1) = run_world(2, rank_main)
+    # Rank 1 (the reduce root) receives rank 0's all_reduce message and sees the mismatch.
+    assert isinstance(err1, CollectiveMismatch) and took1 < 2
+    assert err1.peer == 0
+    assert "rank 0 is in all_reduce(float64 x 2, op=SUM) while this rank is in reduce(float64 x 2, op=SUM, root=1)" in (
+        str(err1)
+    )
+    # Rank 0 then loses rank 1 (it left after its error) instead of waiting for the timeout.
+    assert isinstance(err0, PeerLost)
+    assert x0 == x1 == [1.0, 1.0]  # nobody's data was touched
 
 
 def test_different_sizes_across_ranks_are_a_mismatch():

@@ -173,3 +173,16 @@ def test_create_group_rejects_bad_sizes():
         SimulatedTransport.create_group(0)
     with pytest.raises(InvalidArgument):
         SimulatedTransport.create_group(2, timeout=0)
+
+
+def test_fingerprint_mismatch_leaves_the_buffer_untouched():
+    t0, t1 = SimulatedTransport.create_group(2)
+    t0.send(np.ones(2), 1, tag=4, fingerprint=11)
+    out = np.zeros(2)
+    with pytest.raises(CollectiveMismatch) as info:
+        t1.recv(out, 0, tag=4, fingerprint=12, timeout=1)
+    assert (info.value.peer, info.value.expected, info.value.received) == (0, 12, 11)
+    np.testing.assert_array_equal(out, [0.0, 0.0])
+    t0.send(np.ones(2), 1, tag=4, fingerprint=0)  # zero on either side: not checked
+    t1.recv(out, 0, tag=4, fingerprint=12, timeout=1)
+    np.testing.assert_array_equal(out, [1.0, 1.0])

@@ -22,41 +22,18 @@ Array = np.ndarray[Any, Any]
 #: A kernel from ferrodist.core.reducer: fn(dst, srcs, divisor).
 Reducer = Callable[[Array, Sequence[Array], float], None]
 
-# Transport tag layout: [group id][1 bit: collective][8 bits: operation][31 bits: sequence or user tag].
+# Transport tag layout: [group id][1 bit: collective][31 bits: call number or user tag].
+# The operation is not in the tag: it travels in the fingerprint, so ranks in different
+# collectives match each other's messages and the receiver reports the mismatch at once.
 _SEQ_BITS = 31
-_OP_BITS = 8
-_COLLECTIVE_BIT = 1 << (_SEQ_BITS + _OP_BITS)
-_GROUP_SHIFT = _SEQ_BITS + _OP_BITS + 1
+_COLLECTIVE_BIT = 1 << _SEQ_BITS
+_GROUP_SHIFT = _SEQ_BITS + 1
 MAX_USER_TAG = (1 << _SEQ_BITS) - 1
 
-OPERATION_CODES = {
-    name: code
-    for code, name in enumerate(
-        (
-            "all_reduce",
-            "broadcast",
-            "reduce",
-            "all_gather",
-            "reduce_scatter",
-            "gather",
-            "scatter",
-            "all_to_all",
-            "barrier",
-        ),
-        start=1,
-    )
-}
 
-
-def collective_tag(group_id: int, operation: str, seq: int) -> int:
-    """The transport tag of collective call number ``seq`` of ``operation`` on a group.
-
-    The operation is part of the tag, so ranks that disagree about which collective
-    comes next wait (and time out naming each other) instead of exchanging bytes.
-    """
-    return (
-        (group_id << _GROUP_SHIFT) | _COLLECTIVE_BIT | (OPERATION_CODES[operation] << _SEQ_BITS) | (seq & MAX_USER_TAG)
-    )
+def collective_tag(group_id: int, seq: int) -> int:
+    """The transport tag of collective call number ``seq`` on a group."""
+    return (group_id << _GROUP_SHIFT) | _COLLECTIVE_BIT | (seq & MAX_USER_TAG)
 
 
 def p2p_tag(group_id: int, tag: int) -> int:
@@ -91,6 +68,7 @@ class Call:
     tag: int
     deadline: float
     scratch: Scratch
+    fingerprint: int = 0
 
     @property
     def size(self) -> int:
@@ -103,16 +81,16 @@ class Call:
         return left
 
     def isend(self, buf: Array, peer: int) -> Request:
-        return self.transport.isend(buf, self.ranks[peer], self.tag)
+        return self.transport.isend(buf, self.ranks[peer], self.tag, fingerprint=self.fingerprint)
 
     def irecv(self, buf: Array, peer: int) -> Request:
-        return self.transport.irecv(buf, self.ranks[peer], self.tag)
+        return self.transport.irecv(buf, self.ranks[peer], self.tag, fingerprint=self.fingerprint)
 
     def send(self, buf: Array, peer: int) -> None:
-        self.transport.send(buf, self.ranks[peer], self.tag, timeout=self.remaining())
+        self.transport.send(buf, self.ranks[peer], self.tag, timeout=self.remaining(), fingerprint=self.fingerprint)
 
     def recv(self, buf: Array, peer: int) -> None:
-        self.transport.recv(buf, self.ranks[peer], self.tag, timeout=self.remaining())
+        self.transport.recv(buf, self.ranks[peer], self.tag, timeout=self.remaining(), fingerprint=self.fingerprint)
 
     def wait(self, request: Request) -> None:
         request.wait(self.remaining())

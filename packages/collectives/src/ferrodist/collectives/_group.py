@@ -15,12 +15,13 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, ReduceOp, reducer
+from ferrodist.core import CollectiveMismatch, FerrodistError, InvalidArgument, InvalidRank, ReduceOp, reducer
 from ferrodist.transport import Transport
 
 from . import _direct, _doubling, _ring, _tree
 from ._call import MAX_USER_TAG, Call, Scratch, collective_tag, p2p_tag
 from ._checks import Checker, flats, split_equally
+from ._fingerprint import describe, fingerprint
 from ._select import all_reduce_algorithm
 from ._work import RequestWork, Work, Worker
 
@@ -135,24 +136,34 @@ class ProcessGroup:
         return child
 
     # -- running a call ------------------------------------------------------------------------
-    def _launch(self, operation: str, body: Body, *, async_op: bool, timeout: float | None) -> Work | None:
+    def _launch(self, operation: str, body: Body, fp: int, *, async_op: bool, timeout: float | None) -> Work | None:
+        """Run ``body`` as the next call of this group (now, or on the async worker).
+
+        ``fp`` is the call's fingerprint (see ``_fingerprint``): every message of the call
+        carries it, and a peer in another call is reported as a ``CollectiveMismatch``.
+        """
         rank = self._member_rank(operation)
         limit = self._limit(timeout, operation)
         with self._seq_lock:
             seq = next(self._seq)
-        tag = collective_tag(self._group_id, operation, seq)
+        tag = collective_tag(self._group_id, seq)
         context = (
             f"rank {self._global_rank}: {operation} #{seq} on group {self._name} (group rank {rank} of {self.size})"
         )
 
         def run() -> None:
-            call = Call(self._transport, self._ranks, rank, tag, time.monotonic() + limit, self._scratch)
+            call = Call(self._transport, self._ranks, rank, tag, time.monotonic() + limit, self._scratch, fp)
             try:
                 body(call)
             except FerrodistError as exc:
-                raise exc.with_context(context, rank=self._global_rank, operation=operation).with_traceback(
-                    exc.__traceback__
-                ) from None
+                framed = exc.with_context(context, rank=self._global_rank, operation=operation)
+                if isinstance(exc, CollectiveMismatch) and exc.received:
+                    framed.args = (
+                        f"{context}: rank {exc.peer} is in {describe(exc.received)} while this rank is in "
+                        f"{describe(exc.expected)}: every rank must make the same collective calls in the "
+                        "same order with the same dtype, size, op and root",
+                    )
+                raise framed.with_traceback(exc.__traceback__) from None
 
         if not async_op:
             run()
@@ -210,8 +221,9 @@ class ProcessGroup:
         kernel = reducer(t.dtype, reduce_op)
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         x = t.flat()
+        fp = fingerprint("all_reduce", t.dtype, t.numel, reduce_op)
         return self._launch(
-            "all_reduce", lambda call: engine(call, x, kernel, divisor), async_op=async_op, timeout=timeout
+            "all_reduce", lambda call: engine(call, x, kernel, divisor), fp, async_op=async_op, timeout=timeout
         )
 
     def broadcast(
@@ -228,8 +240,9 @@ class ProcessGroup:
         root = check.root(src, self.size, "src")
         t = check.tensor(tensor, writeable=self._rank != root)
         x = t.flat()
+        fp = fingerprint("broadcast", t.dtype, t.numel, root=root)
         return self._launch(
-            "broadcast", lambda call: _tree.broadcast(call, x, root), async_op=async_op, timeout=timeout
+            "broadcast", lambda call: _tree.broadcast(call, x, root), fp, async_op=async_op, timeout=timeout
         )
 
     def reduce(
@@ -256,8 +269,9 @@ class ProcessGroup:
         kernel = reducer(t.dtype, reduce_op)
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         x = t.flat()
+        fp = fingerprint("reduce", t.dtype, t.numel, reduce_op, root)
         return self._launch(
-            "reduce", lambda call: _tree.reduce(call, x, root, kernel, divisor), async_op=async_op, timeout=timeout
+            "reduce", lambda call: _tree.reduce(call, x, root, kernel, divisor), fp, async_op=async_op, timeout=timeout
         )
 
     def all_gather(
@@ -280,7 +294,8 @@ class ProcessGroup:
             blocks[call.rank][...] = x
             _ring.all_gather(call, blocks)
 
-        return self._launch("all_gather", body, async_op=async_op, timeout=timeout)
+        fp = fingerprint("all_gather", t.dtype, t.numel)
+        return self._launch("all_gather", body, fp, async_op=async_op, timeout=timeout)
 
     def reduce_scatter(
         self,
@@ -314,7 +329,8 @@ class ProcessGroup:
             else:
                 _ring.reduce_scatter(call, out, blocks, kernel, divisor)
 
-        return self._launch("reduce_scatter", body, async_op=async_op, timeout=timeout)
+        fp = fingerprint("reduce_scatter", out_t.dtype, out_t.numel, reduce_op)
+        return self._launch("reduce_scatter", body, fp, async_op=async_op, timeout=timeout)
 
     def gather(
         self,
@@ -345,8 +361,9 @@ class ProcessGroup:
             check.absent(gather_list, "gather_list", "dst", root)
             blocks = None
         x = t.flat()
+        fp = fingerprint("gather", t.dtype, t.numel, root=root)
         return self._launch(
-            "gather", lambda call: _direct.gather(call, x, blocks, root), async_op=async_op, timeout=timeout
+            "gather", lambda call: _direct.gather(call, x, blocks, root), fp, async_op=async_op, timeout=timeout
         )
 
     def scatter(
@@ -378,8 +395,9 @@ class ProcessGroup:
             check.absent(scatter_list, "scatter_list", "src", root)
             blocks = None
         x = t.flat()
+        fp = fingerprint("scatter", t.dtype, t.numel, root=root)
         return self._launch(
-            "scatter", lambda call: _direct.scatter(call, x, blocks, root), async_op=async_op, timeout=timeout
+            "scatter", lambda call: _direct.scatter(call, x, blocks, root), fp, async_op=async_op, timeout=timeout
         )
 
     def all_to_all(
@@ -404,14 +422,19 @@ class ProcessGroup:
         me = self._member_rank("all_to_all")
         check.same_kind(ins[me], outs[me], f"inputs[{me}] (kept by this rank)")
         out_flat, in_flat = flats(outs), flats(ins)
+        fp = fingerprint("all_to_all", ins[0].dtype)  # block sizes may differ per pair: not in the fingerprint
         return self._launch(
-            "all_to_all", lambda call: _direct.all_to_all(call, out_flat, in_flat), async_op=async_op, timeout=timeout
+            "all_to_all",
+            lambda call: _direct.all_to_all(call, out_flat, in_flat),
+            fp,
+            async_op=async_op,
+            timeout=timeout,
         )
 
     def barrier(self, *, async_op: bool = False, timeout: float | None = None) -> Work | None:
         """Return once every rank of the group has entered ``barrier`` (dissemination rounds)."""
         self._checker("barrier")
-        return self._launch("barrier", _tree.barrier, async_op=async_op, timeout=timeout)
+        return self._launch("barrier", _tree.barrier, fingerprint("barrier"), async_op=async_op, timeout=timeout)
 
     # -- point to point ------------------------------------------------------------------------
     def _p2p(self, operation: str, tensor: Any, peer: int, tag: int, *, writeable: bool) -> tuple[Any, int, int, str]:

@@ -122,4 +122,25 @@ class ProtocolError(FerrodistError, RuntimeError):
 
 
 class CollectiveMismatch(FerrodistError, RuntimeError):
-    """Ranks disagree about the call: a different operation, size, dtype, op or root."""
+    """Ranks disagree about the call: a different operation, size, dtype, op or root.
+
+    Attributes:
+        peer: the rank whose message did not match, when known.
+        expected: this rank's call fingerprint (0 when not known).
+        received: the peer's call fingerprint (0 when not known).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        operation: str | None = None,
+        peer: int | None = None,
+        expected: int = 0,
+        received: int = 0,
+    ) -> None:
+        super().__init__(message, rank=rank, operation=operation)
+        self.peer = peer
+        self.expected = expected
+        self.received = received

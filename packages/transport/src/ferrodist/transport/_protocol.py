@@ -39,6 +39,11 @@ class Transport(Protocol):
     Messages between a pair of ranks are matched by ``(source, tag)`` in the order
     they were sent. A receive names the exact byte count it expects (the size of its
     buffer); a message of another size is a ``CollectiveMismatch``.
+
+    A send and a receive may each carry a ``fingerprint``, a non-zero integer that
+    describes the call they belong to. When both are non-zero and differ, the receive
+    fails with ``CollectiveMismatch`` (``expected`` = the receiver's, ``received`` = the
+    sender's) and its buffer is left untouched.
     """
 
     @property
@@ -52,13 +57,17 @@ class Transport(Protocol):
         """Default seconds for blocking calls."""
         ...
 
-    def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None) -> None: ...
+    def send(
+        self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0
+    ) -> None: ...
 
-    def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None) -> None: ...
+    def recv(
+        self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0
+    ) -> None: ...
 
-    def isend(self, buf: Buffer, dst: int, tag: int = 0) -> Request: ...
+    def isend(self, buf: Buffer, dst: int, tag: int = 0, *, fingerprint: int = 0) -> Request: ...
 
-    def irecv(self, buf: Buffer, src: int, tag: int = 0) -> Request: ...
+    def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> Request: ...
 
     def barrier(self, *, timeout: float | None = None) -> None: ...
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import CollectiveMismatch, CollectiveTimeout, InvalidArgument, InvalidRank, PeerLost
+from ferrodist.core import CollectiveTimeout, InvalidArgument, InvalidRank, PeerLost
 
+from ._matching import check_match
 from ._protocol import DEFAULT_TIMEOUT, Buffer
 
 __all__ = ["SimulatedTransport"]
@@ -72,25 +73,21 @@ class _Done:
 class _Recv:
     """A posted receive: filled by the sender's thread, or at once from an unmatched message."""
 
-    def __init__(self, transport: SimulatedTransport, buf: Buffer, src: int, tag: int) -> None:
+    def __init__(self, transport: SimulatedTransport, buf: Buffer, src: int, tag: int, fingerprint: int) -> None:
         self.transport = transport
         self.buf = buf
         self.src = src
         self.tag = tag
+        self.fingerprint = fingerprint
         self.done = False
         self.error: BaseException | None = None
 
-    def fill(self, payload: Buffer) -> None:
-        """Copy a message in; the caller holds the mailbox lock."""
-        if payload.nbytes != self.buf.nbytes:
-            me = self.transport.rank
-            self.error = CollectiveMismatch(
-                f"rank {me} expected {self.buf.nbytes} bytes from rank {self.src} (tag {self.tag:#x}) "
-                f"but rank {self.src} sent {payload.nbytes}: the two ranks passed tensors of different "
-                "sizes or dtypes to the same call",
-                rank=me,
-            )
-        else:
+    def fill(self, payload: Buffer, fingerprint: int) -> None:
+        """Copy a message in (or record why not); the caller holds the mailbox lock."""
+        self.error = check_match(
+            self.transport.rank, self.src, self.tag, self.buf.nbytes, self.fingerprint, payload.nbytes, fingerprint
+        )
+        if self.error is None:
             self.buf[...] = payload
         self.done = True
 
@@ -208,7 +205,7 @@ class SimulatedTransport:
         return int(tag)
 
     # -- point to point -----------------------------------------------------------------------
-    def isend(self, buf: Buffer, dst: int, tag: int = 0) -> _Done:
+    def isend(self, buf: Buffer, dst: int, tag: int = 0, *, fingerprint: int = 0) -> _Done:
         dst = self._peer(dst, "send")
         tag = self._tag(tag, "send")
         payload = _as_bytes(buf, "send")
@@ -221,36 +218,36 @@ class SimulatedTransport:
         with box.cond:
             waiting = box.posted.get(key)
             if waiting:
-                waiting.popleft().fill(payload)
+                waiting.popleft().fill(payload, fingerprint)
                 box.cond.notify_all()
             else:
-                box.unexpected[key].append(payload.copy())
+                box.unexpected[key].append((payload.copy(), fingerprint))
         return _Done()
 
-    def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        self.isend(buf, dst, tag).wait(timeout)
+    def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
+        self.isend(buf, dst, tag, fingerprint=fingerprint).wait(timeout)
 
-    def irecv(self, buf: Buffer, src: int, tag: int = 0) -> _Recv:
+    def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> _Recv:
         src = self._peer(src, "recv")
         tag = self._tag(tag, "recv")
         target = _as_bytes(buf, "recv")
         if not buf.flags.writeable:
             raise InvalidArgument(f"rank {self._rank}: recv into a read-only buffer")
-        request = _Recv(self, target, src, tag)
+        request = _Recv(self, target, src, tag, fingerprint)
         box = self._hub.mailboxes[self._rank]
         key = (src, tag)
         with box.cond:
             pending = box.unexpected.get(key)
             if pending:
-                request.fill(pending.popleft())
+                request.fill(*pending.popleft())
                 if not pending:
                     del box.unexpected[key]
             else:
                 box.posted[key].append(request)
         return request
 
-    def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        self.irecv(buf, src, tag).wait(timeout)
+    def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
+        self.irecv(buf, src, tag, fingerprint=fingerprint).wait(timeout)
 
     # -- whole world ---------------------------------------------------------------------------
     def barrier(self, *, timeout: float | None = None) -> None:
