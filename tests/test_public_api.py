@@ -12,6 +12,7 @@ import pytest
 PUBLIC_API: dict[str, set[str]] = {
     "ferrodist.core": {
         "ALL_DTYPES",
+        "AuthenticationFailed",
         "BackendUnavailable",
         "CollectiveMismatch",
         "CollectiveTimeout",
@@ -51,9 +52,14 @@ PUBLIC_API: dict[str, set[str]] = {
     },
     "ferrodist.transport": {
         "DEFAULT_TIMEOUT",
+        "LaunchInfo",
         "Request",
         "SimulatedTransport",
+        "StoreClient",
+        "StoreServer",
+        "TcpTransport",
         "Transport",
+        "launch_info",
     },
     "ferrodist.collectives": {
         "ALL_REDUCE_ALGORITHMS",

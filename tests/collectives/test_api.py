@@ -55,8 +55,12 @@ def test_using_the_default_group_before_init_is_a_clear_error():
 def test_init_errors():
     with pytest.raises(InvalidArgument, match="run_world"):
         dist.init_process_group("simulated", rank=0, world_size=4)
-    with pytest.raises(BackendUnavailable, match="'tcp'"):
-        dist.init_process_group("tcp")
+    with pytest.raises(BackendUnavailable, match="'mpi'"):
+        dist.init_process_group("mpi")
+    with pytest.raises(InvalidArgument, match="MASTER_ADDR, MASTER_PORT not set; start the ranks with `ferrodist run"):
+        dist.init_process_group("tcp", rank=0, world_size=2)
+    with pytest.raises(InvalidArgument, match="tcp://HOST:PORT"):
+        dist.init_process_group("tcp", init_method="file:///tmp/x", rank=0, world_size=2)
     with pytest.raises(InvalidArgument, match="unknown backend"):
         dist.init_process_group("carrier-pigeon")
     with pytest.raises(InvalidArgument, match="timeout"):
@@ -64,10 +68,10 @@ def test_init_errors():
     t0, _ = SimulatedTransport.create_group(2)
     with pytest.raises(InvalidRank):
         dist.init_process_group(transport=t0, rank=1)
-    dist.init_process_group()
+    dist.init_process_group("simulated")
     try:
         with pytest.raises(InvalidArgument, match="already initialized"):
-            dist.init_process_group()
+            dist.init_process_group("simulated")
     finally:
         dist.destroy_process_group()
 
@@ -313,7 +317,7 @@ def test_destroying_the_world_stops_the_workers_of_its_subgroups():
         sub.all_reduce(np.ones(1), async_op=True).wait(5)
         worker = sub._worker
         dist.destroy_process_group()
-        dist.init_process_group()  # run_world tears a group down afterwards
+        dist.init_process_group("simulated")  # run_world tears a group down afterwards
         return worker._thread.is_alive(), sub._worker
 
     assert run_world(2, rank_main) == [(False, None)] * 2
@@ -373,7 +377,7 @@ def test_peer_lost_is_raised_when_a_peer_closes_mid_collective():
         if dist.get_rank() == 0:
             time.sleep(0.2)
             dist.destroy_process_group()  # leaves: its transport closes
-            dist.init_process_group()  # run_world expects a group to tear down
+            dist.init_process_group("simulated")  # run_world expects a group to tear down
             return None
         with pytest.raises(PeerLost) as info:
             dist.all_reduce(np.ones(1), timeout=30)

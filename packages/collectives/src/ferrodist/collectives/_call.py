@@ -100,7 +100,11 @@ class Call:
             request.wait(self.remaining())
 
     def exchange(self, send_buf: Array, to: int, recv_buf: Array, frm: int) -> None:
-        """Send to one peer and receive from another at the same time (one ring step)."""
-        outgoing = self.isend(send_buf, to)
-        self.recv(recv_buf, frm)
-        self.wait(outgoing)
+        """Send to one peer and receive from another at the same time (one ring step).
+
+        The receive is posted first, so that a transport can put the incoming bytes
+        straight into ``recv_buf`` while the send is going out.
+        """
+        incoming = self.irecv(recv_buf, frm)
+        self.wait(self.isend(send_buf, to))
+        self.wait(incoming)

@@ -25,10 +25,8 @@ def all_reduce(call: Call, x: Array, reduce: Reducer, divisor: float) -> None:
     for step, (send_chunk, recv_chunk) in enumerate(plan.reduce_steps):
         target = x[plan.span(recv_chunk)]
         partial = incoming[: plan.counts[recv_chunk]]
-        outgoing = call.isend(x[plan.span(send_chunk)], plan.right)
-        call.recv(partial, plan.left)
+        call.exchange(x[plan.span(send_chunk)], plan.right, partial, plan.left)
         reduce(target, (partial, target), divisor if step == last else 1.0)
-        call.wait(outgoing)
     for send_chunk, recv_chunk in plan.gather_steps:
         call.exchange(x[plan.span(send_chunk)], plan.right, x[plan.span(recv_chunk)], plan.left)
 
@@ -48,14 +46,12 @@ def reduce_scatter(call: Call, out: Array, blocks: Sequence[Array], reduce: Redu
     right, left = (rank + 1) % size, (rank - 1) % size
     count = out.shape[0]
     incoming = call.scratch.get(0, count, out.dtype)
-    partials = (call.scratch.get(1, count, out.dtype), call.scratch.get(2, count, out.dtype))
+    partial = call.scratch.get(1, count, out.dtype)  # our running sum (free again once sent)
     outgoing = blocks[(rank - 1) % size]  # step 0 sends our own contribution, unreduced
     for step in range(size - 1):
         recv_block = (rank - step - 2) % size
-        request = call.isend(outgoing, right)
-        call.recv(incoming, left)
+        call.exchange(outgoing, right, incoming, left)
         last = step == size - 2
-        target = out if last else partials[step % 2]
+        target = out if last else partial
         reduce(target, (incoming, blocks[recv_block]), divisor if last else 1.0)
-        call.wait(request)
         outgoing = target

@@ -9,17 +9,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from ferrodist.core import BackendUnavailable, InvalidArgument, InvalidRank, NotInitialized
+from ferrodist.core import InvalidArgument, InvalidRank, NotInitialized
 from ferrodist.transport import DEFAULT_TIMEOUT, SimulatedTransport, Transport
 
+from ._backends import make_transport
 from ._group import ProcessGroup
 
 _thread_default = threading.local()
 _process_default: list[ProcessGroup] = []  # zero or one element; a list so it can be cleared in place
 _lock = threading.Lock()
-
-#: Backends this release can start. "tcp", "shm" and "mpi" arrive with later releases.
-BACKENDS = ("simulated",)
 
 
 def _current() -> ProcessGroup | None:
@@ -54,8 +52,9 @@ def resolve(group: ProcessGroup | None) -> ProcessGroup:
 
 
 def init_process_group(
-    backend: str = "simulated",
+    backend: str = "auto",
     *,
+    init_method: str | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
@@ -64,11 +63,14 @@ def init_process_group(
     """Create the default process group (the world) for this process, or this thread.
 
     Args:
-        backend: ``"simulated"`` (ranks as threads of one process). Real-process backends
-            (``"tcp"``, ``"shm"``, ``"mpi"``) come with later releases.
-        rank, world_size: checked against the transport when both are given. A simulated
-            world of more than one rank needs ``transport=`` (from
-            ``SimulatedTransport.create_group(n)``, or use ``ferrodist.testing.run_world``).
+        backend: ``"tcp"`` (real processes, one machine or many), ``"simulated"`` (ranks as
+            threads of one process), or ``"auto"``: tcp when the environment describes a
+            job of several ranks, else a simulated world of one.
+        init_method: ``"env://"`` (default: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
+            ``WORLD_SIZE``, or the variables of mpiexec / SLURM) or ``"tcp://HOST:PORT"``.
+        rank, world_size: override the environment. A simulated world of more than one
+            rank needs ``transport=`` (from ``SimulatedTransport.create_group(n)``, or use
+            ``ferrodist.testing.run_world``).
         timeout: default seconds every collective, barrier and receive may wait.
         transport: an already connected transport for this rank.
 
@@ -81,7 +83,7 @@ def init_process_group(
     # its own default group. A world this call builds itself belongs to the whole process.
     threaded = isinstance(transport, SimulatedTransport)
     if transport is None:
-        transport = _make_transport(backend, rank, world_size, timeout)
+        transport = make_transport(backend, init_method, rank, world_size, timeout)
     elif backend not in ("simulated", "auto"):
         raise InvalidArgument(f"init_process_group: pass either backend={backend!r} or transport=, not both")
     if rank is not None and rank != transport.rank:
@@ -103,23 +105,6 @@ def init_process_group(
         else:
             _process_default.append(world)
     return world
-
-
-def _make_transport(backend: str, rank: int | None, world_size: int | None, timeout: float) -> Transport:
-    if backend in ("simulated", "auto"):
-        if world_size not in (None, 1) or rank not in (None, 0):
-            raise InvalidArgument(
-                f"init_process_group: a simulated world of {world_size} ranks runs its ranks as threads; "
-                "use ferrodist.testing.run_world(n, fn), or give each thread "
-                "transport=SimulatedTransport.create_group(n)[rank]"
-            )
-        return SimulatedTransport.create_group(1, timeout=timeout)[0]
-    if backend in ("tcp", "shm", "mpi", "nccl", "gloo"):
-        raise BackendUnavailable(
-            f"init_process_group: backend {backend!r} is not part of this ferrodist release; "
-            f"available: {', '.join(BACKENDS)}"
-        )
-    raise InvalidArgument(f"init_process_group: unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:

@@ -22,6 +22,7 @@ from ._dtypes import (
     uint64,
 )
 from ._errors import (
+    AuthenticationFailed,
     BackendUnavailable,
     CollectiveMismatch,
     CollectiveTimeout,
@@ -40,6 +41,7 @@ from ._tensor import Tensor, as_tensor
 
 __all__ = [
     "ALL_DTYPES",
+    "AuthenticationFailed",
     "BackendUnavailable",
     "CollectiveMismatch",
     "CollectiveTimeout",

@@ -12,6 +12,7 @@ import copy
 from typing import Any
 
 __all__ = [
+    "AuthenticationFailed",
     "BackendUnavailable",
     "CollectiveMismatch",
     "CollectiveTimeout",
@@ -144,3 +145,24 @@ class CollectiveMismatch(FerrodistError, RuntimeError):
         self.peer = peer
         self.expected = expected
         self.received = received
+
+
+class AuthenticationFailed(FerrodistError, PermissionError):
+    """A connection whose other end does not hold this job's token (``FERRODIST_TOKEN``)."""
+
+
+# Tracebacks and pickles name the public module, not this private one.
+for _cls in (
+    FerrodistError,
+    InvalidArgument,
+    InvalidRank,
+    NotInitialized,
+    BackendUnavailable,
+    DeviceUnavailable,
+    CollectiveTimeout,
+    PeerLost,
+    ProtocolError,
+    CollectiveMismatch,
+    AuthenticationFailed,
+):
+    _cls.__module__ = "ferrodist.core"

@@ -1,6 +1,19 @@
 """ferrodist.transport: moving bytes between ranks (the ``Transport`` protocol and its backends)."""
 
+from ._env import LaunchInfo, launch_info
 from ._protocol import DEFAULT_TIMEOUT, Request, Transport
 from ._simulated import SimulatedTransport
+from ._store import StoreClient, StoreServer
+from ._tcp import TcpTransport
 
-__all__ = ["DEFAULT_TIMEOUT", "Request", "SimulatedTransport", "Transport"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "LaunchInfo",
+    "Request",
+    "SimulatedTransport",
+    "StoreClient",
+    "StoreServer",
+    "TcpTransport",
+    "Transport",
+    "launch_info",
+]

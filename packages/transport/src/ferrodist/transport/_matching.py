@@ -1,8 +1,47 @@
-"""The check every transport applies when a message meets the receive it matched."""
+"""Checks every transport applies: peers, tags, buffers, and a message against its receive."""
 
 from __future__ import annotations
 
-from ferrodist.core import CollectiveMismatch
+from typing import Any
+
+import numpy as np
+
+from ferrodist.core import CollectiveMismatch, InvalidArgument, InvalidRank
+
+Buffer = np.ndarray[Any, Any]
+
+
+def check_peer(rank: int, world_size: int, peer: object, what: str) -> int:
+    """``peer`` as an int, or ``InvalidRank`` if it is not another rank of the world."""
+    if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
+        raise InvalidRank(f"rank {rank}: {what} needs an integer rank, not {peer!r}", rank=rank)
+    peer = int(peer)
+    if not 0 <= peer < world_size:
+        raise InvalidRank(
+            f"rank {rank}: {what} names rank {peer}, outside this world of {world_size} ranks "
+            f"(valid: 0..{world_size - 1})",
+            rank=rank,
+        )
+    if peer == rank:
+        raise InvalidRank(f"rank {rank}: {what} names itself; copy the data locally instead", rank=rank)
+    return peer
+
+
+def check_tag(tag: object, what: str) -> int:
+    if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool) or not 0 <= tag < 1 << 64:
+        raise InvalidArgument(f"{what}: tag must be an integer in 0..2**64-1, not {tag!r}")
+    return int(tag)
+
+
+def as_bytes(buf: object, what: str, *, writeable: bool = False, rank: int | None = None) -> Buffer:
+    """A flat uint8 view of a C-contiguous numpy array (no copy)."""
+    if not isinstance(buf, np.ndarray):
+        raise InvalidArgument(f"{what}: the buffer must be a numpy array, not {type(buf).__name__}")
+    if not buf.flags.c_contiguous:
+        raise InvalidArgument(f"{what}: the buffer must be C-contiguous")
+    if writeable and not buf.flags.writeable:
+        raise InvalidArgument(f"rank {rank}: {what} into a read-only buffer")
+    return buf.reshape(-1).view(np.uint8)
 
 
 def check_match(

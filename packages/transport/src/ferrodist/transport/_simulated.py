@@ -12,24 +12,14 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
+from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost
 
-from ferrodist.core import CollectiveTimeout, InvalidArgument, InvalidRank, PeerLost
-
-from ._matching import check_match
+from ._matching import as_bytes, check_match, check_peer, check_tag
 from ._protocol import DEFAULT_TIMEOUT, Buffer
 
 __all__ = ["SimulatedTransport"]
 
 Key = tuple[int, int]  # (source rank, tag)
-
-
-def _as_bytes(buf: Buffer, what: str) -> Buffer:
-    if not isinstance(buf, np.ndarray):
-        raise InvalidArgument(f"{what}: the buffer must be a numpy array, not {type(buf).__name__}")
-    if not buf.flags.c_contiguous:
-        raise InvalidArgument(f"{what}: the buffer must be C-contiguous")
-    return buf.reshape(-1).view(np.uint8)
 
 
 class _Mailbox:
@@ -181,34 +171,17 @@ class SimulatedTransport:
     def __repr__(self) -> str:
         return f"SimulatedTransport(rank={self._rank}, world_size={self.world_size})"
 
-    # -- checks ----------------------------------------------------------------------------
     def _peer(self, peer: int, what: str) -> int:
-        if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
-            raise InvalidRank(f"rank {self._rank}: {what} needs an integer rank, not {peer!r}", rank=self._rank)
-        peer = int(peer)
-        if not 0 <= peer < self.world_size:
-            raise InvalidRank(
-                f"rank {self._rank}: {what} names rank {peer}, outside this world of {self.world_size} ranks "
-                f"(valid: 0..{self.world_size - 1})",
-                rank=self._rank,
-            )
-        if peer == self._rank:
-            raise InvalidRank(f"rank {self._rank}: {what} names itself; copy the data locally instead", rank=self._rank)
+        peer = check_peer(self._rank, self.world_size, peer, what)
         if self.closed:
             raise PeerLost(f"rank {self._rank}: {what} on a closed transport", peer=self._rank, rank=self._rank)
         return peer
 
-    @staticmethod
-    def _tag(tag: int, what: str) -> int:
-        if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool) or tag < 0:
-            raise InvalidArgument(f"{what}: tag must be a non-negative integer, not {tag!r}")
-        return int(tag)
-
     # -- point to point -----------------------------------------------------------------------
     def isend(self, buf: Buffer, dst: int, tag: int = 0, *, fingerprint: int = 0) -> _Done:
         dst = self._peer(dst, "send")
-        tag = self._tag(tag, "send")
-        payload = _as_bytes(buf, "send")
+        tag = check_tag(tag, "send")
+        payload = as_bytes(buf, "send")
         if self._hub.closed[dst]:
             raise PeerLost(
                 f"rank {self._rank} cannot send to rank {dst}: rank {dst} closed or failed", peer=dst, rank=self._rank
@@ -229,10 +202,8 @@ class SimulatedTransport:
 
     def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> _Recv:
         src = self._peer(src, "recv")
-        tag = self._tag(tag, "recv")
-        target = _as_bytes(buf, "recv")
-        if not buf.flags.writeable:
-            raise InvalidArgument(f"rank {self._rank}: recv into a read-only buffer")
+        tag = check_tag(tag, "recv")
+        target = as_bytes(buf, "recv", writeable=True, rank=self._rank)
         request = _Recv(self, target, src, tag, fingerprint)
         box = self._hub.mailboxes[self._rank]
         key = (src, tag)

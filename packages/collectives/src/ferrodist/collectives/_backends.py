@@ -1,0 +1,75 @@
+"""Starting a backend: from ``init_process_group``'s arguments and the environment to a transport."""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+from ferrodist.core import BackendUnavailable, InvalidArgument
+from ferrodist.transport import LaunchInfo, SimulatedTransport, TcpTransport, Transport, launch_info
+
+#: Backends ``init_process_group`` can start ("auto" picks one).
+BACKENDS = ("simulated", "tcp")
+_LATER = ("shm", "mpi", "nccl", "gloo")
+
+
+def make_transport(
+    backend: str, init_method: str | None, rank: int | None, world_size: int | None, timeout: float
+) -> Transport:
+    info = launch_info()
+    if backend == "auto":
+        backend = _auto(info, rank, world_size, init_method)
+    if backend == "simulated":
+        if world_size not in (None, 1) or rank not in (None, 0):
+            raise InvalidArgument(
+                f"init_process_group: a simulated world of {world_size} ranks runs its ranks as threads; "
+                "use ferrodist.testing.run_world(n, fn), or give each thread "
+                "transport=SimulatedTransport.create_group(n)[rank]"
+            )
+        return SimulatedTransport.create_group(1, timeout=timeout)[0]
+    if backend == "tcp":
+        rank, world_size, addr, port = _where(info, rank, world_size, init_method)
+        return TcpTransport.connect(rank=rank, world_size=world_size, master_addr=addr, master_port=port, timeout=timeout)
+    if backend in _LATER:
+        raise BackendUnavailable(
+            f"init_process_group: backend {backend!r} is not part of this ferrodist release; "
+            f"available: {', '.join(BACKENDS)} (or 'auto')"
+        )
+    raise InvalidArgument(f"init_process_group: unknown backend {backend!r}; available: {', '.join(BACKENDS)}, auto")
+
+
+def _auto(info: LaunchInfo | None, rank: int | None, world_size: int | None, init_method: str | None) -> str:
+    size = world_size if world_size is not None else (info.world_size if info else 1)
+    if size == 1 and init_method is None:
+        return "simulated"
+    return "tcp"
+
+
+def _where(
+    info: LaunchInfo | None, rank: int | None, world_size: int | None, init_method: str | None
+) -> tuple[int, int, str, int]:
+    """Rank, world size and master address for a socket backend."""
+    addr = info.master_addr if info else None
+    port = info.master_port if info else None
+    method = init_method or "env://"
+    if method.startswith("tcp://"):
+        url = urlparse(method)
+        if not url.hostname or not url.port:
+            raise InvalidArgument(f"init_method {method!r}: expected tcp://HOST:PORT")
+        addr, port = url.hostname, url.port
+    elif method != "env://":
+        raise InvalidArgument(f"init_method {method!r} is not supported; use 'env://' or 'tcp://HOST:PORT'")
+    rank = rank if rank is not None else (info.rank if info else None)
+    world_size = world_size if world_size is not None else (info.world_size if info else None)
+    missing = [
+        name
+        for name, value in (("RANK", rank), ("WORLD_SIZE", world_size), ("MASTER_ADDR", addr), ("MASTER_PORT", port))
+        if value is None
+    ]
+    if missing:
+        raise InvalidArgument(
+            f"init_process_group: {', '.join(missing)} not set; start the ranks with `ferrodist run -n N script.py`, "
+            "or set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (or pass init_method='tcp://HOST:PORT', rank=, "
+            "world_size=)"
+        )
+    assert rank is not None and world_size is not None and addr is not None and port is not None
+    return rank, world_size, addr, port

@@ -1,0 +1,7 @@
+"""``python -m ferrodist.launch run -n N script.py``."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())
