@@ -14,7 +14,7 @@ $(STAMP): Makefile pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyprojec
 	touch $@
 
 demo: $(STAMP)
-	$(BIN)/python examples/demo_all_reduce.py
+	$(BIN)/ferrodist run -n 2 examples/all_reduce_ranks.py
 
 test: $(STAMP)
 	$(BIN)/python tools/check_layers.py

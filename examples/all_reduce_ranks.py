@@ -40,7 +40,9 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
                 ok = ok and bool(np.array_equal(x, expected))
             verdict = "ok" if ok else "WRONG"
-            print(f"all_reduce {nbytes >> 10:>6} KiB x {size} ranks: {statistics.median(times) * 1e3:8.2f} ms  {verdict}")
+            print(
+                f"all_reduce {nbytes >> 10:>6} KiB x {size} ranks: {statistics.median(times) * 1e3:8.2f} ms  {verdict}"
+            )
             if not ok:
                 raise SystemExit(f"rank {rank}: wrong all_reduce result for {nbytes} bytes")
     finally:

@@ -28,7 +28,9 @@ def make_transport(
         return SimulatedTransport.create_group(1, timeout=timeout)[0]
     if backend == "tcp":
         rank, world_size, addr, port = _where(info, rank, world_size, init_method)
-        return TcpTransport.connect(rank=rank, world_size=world_size, master_addr=addr, master_port=port, timeout=timeout)
+        return TcpTransport.connect(
+            rank=rank, world_size=world_size, master_addr=addr, master_port=port, timeout=timeout
+        )
     if backend in _LATER:
         raise BackendUnavailable(
             f"init_process_group: backend {backend!r} is not part of this ferrodist release; "

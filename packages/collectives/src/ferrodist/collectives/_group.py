@@ -15,11 +15,20 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ferrodist.core import CollectiveMismatch, FerrodistError, InvalidArgument, InvalidRank, ReduceOp, reducer
+from ferrodist.core import (
+    CollectiveMismatch,
+    CollectiveTimeout,
+    FerrodistError,
+    InvalidArgument,
+    InvalidRank,
+    ReduceOp,
+    reducer,
+)
 from ferrodist.transport import Transport
 
 from . import _direct, _doubling, _ring, _tree
 from ._call import MAX_USER_TAG, Call, Scratch, collective_tag, p2p_tag
+from ._census import absent_ranks
 from ._checks import Checker, flats, split_equally
 from ._fingerprint import describe, fingerprint
 from ._select import all_reduce_algorithm
@@ -163,6 +172,16 @@ class ProcessGroup:
                         f"{describe(exc.expected)}: every rank must make the same collective calls in the "
                         "same order with the same dtype, size, op and root",
                     )
+                elif isinstance(exc, CollectiveTimeout):
+                    absent = absent_ranks(self._transport, self._group_id, seq, self._ranks, min(1.0, limit))
+                    if absent:
+                        framed.args = (f"{framed.message}; ranks that never reached call #{seq}: {absent}",)
+                        framed.waiting_for = tuple(absent)  # type: ignore[attr-defined]
+                    elif absent == []:
+                        framed.args = (
+                            f"{framed.message}; every rank reached call #{seq}, so a transfer inside it is "
+                            "stuck or too slow for the timeout",
+                        )
                 raise framed.with_traceback(exc.__traceback__) from None
 
         if not async_op:

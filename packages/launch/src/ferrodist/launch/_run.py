@@ -116,10 +116,7 @@ def run(
             previous[signum] = signal.signal(signum, forward)
     try:
         failed = _watch(procs)
-        if failed is not None:
-            _terminate(procs, grace)
-        for proc in procs:
-            proc.wait()
+        _terminate(procs, grace)  # after a failure: the other ranks; after success: any leftovers
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -162,17 +159,30 @@ def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
 
 
 def _terminate(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
+    """SIGTERM every rank's process group (a rank that already exited may have left
+    children there), then SIGKILL what is still alive after ``grace`` seconds."""
     for proc in procs:
-        if proc.poll() is None:
-            _signal(proc, signal.SIGTERM)
+        _signal(proc, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for proc in procs:
         try:
             proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _signal(proc, signal.SIGKILL)
+            pass
+    while time.monotonic() < deadline and any(_group_alive(p) for p in procs):
+        time.sleep(0.05)
+    for proc in procs:
+        _signal(proc, signal.SIGKILL)
     for proc in procs:
         proc.wait()
+
+
+def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
+    try:
+        os.killpg(proc.pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _pump(proc: subprocess.Popen[bytes], rank: int, sink: BinaryIO, lock: threading.Lock) -> None:

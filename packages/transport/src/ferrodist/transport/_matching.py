@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import CollectiveMismatch, InvalidArgument, InvalidRank
+from ferrodist.core import CollectiveMismatch, CollectiveTimeout, InvalidArgument, InvalidRank
 
 Buffer = np.ndarray[Any, Any]
 
@@ -71,3 +71,14 @@ def check_match(
             received=got_fp,
         )
     return None
+
+
+def receive_timeout(rank: int, src: int, tag: int, limit: float) -> CollectiveTimeout:
+    """The error of a receive whose message did not come in time."""
+    return CollectiveTimeout(
+        f"rank {rank} waited {limit:g} s for a message from rank {src} (tag {tag:#x}) that never came: "
+        f"rank {src} has not reached the matching call, is stuck, or is itself waiting on another rank "
+        "(raise the timeout if it is only slow)",
+        rank=rank,
+        waiting_for=(src,),
+    )

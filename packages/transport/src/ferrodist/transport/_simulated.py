@@ -14,7 +14,8 @@ from typing import Any
 
 from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost
 
-from ._matching import as_bytes, check_match, check_peer, check_tag
+from ._matching import as_bytes, check_match, check_peer, check_tag, receive_timeout
+from ._memstore import MemoryStore
 from ._protocol import DEFAULT_TIMEOUT, Buffer
 
 __all__ = ["SimulatedTransport"]
@@ -41,6 +42,7 @@ class _Hub:
         self.barrier_cond = threading.Condition(threading.Lock())
         self.barrier_generation = 0
         self.barrier_arrived: set[int] = set()
+        self.store = MemoryStore()
 
     def wake_all(self) -> None:
         for box in self.mailboxes:
@@ -107,13 +109,7 @@ class _Recv:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self._withdraw(box)
-                    raise CollectiveTimeout(
-                        f"rank {t.rank} waited {limit:g} s for a message from rank {self.src} (tag {self.tag:#x}) "
-                        f"that never came: rank {self.src} has not reached the matching call, or is stuck "
-                        "(raise the timeout if it is only slow)",
-                        rank=t.rank,
-                        waiting_for=(self.src,),
-                    )
+                    raise receive_timeout(t.rank, self.src, self.tag, limit)
                 box.cond.wait(remaining)
         if self.error is not None:
             raise self.error
@@ -163,6 +159,11 @@ class SimulatedTransport:
     @property
     def timeout(self) -> float:
         return self._timeout
+
+    @property
+    def store(self) -> MemoryStore:
+        """The world's in-process key-value store (shared by its ranks)."""
+        return self._hub.store
 
     @property
     def closed(self) -> bool:

@@ -27,7 +27,7 @@ from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, P
 
 from ._auth import accept_handshake, connect_handshake, job_token
 from ._frames import DATA, GOODBYE, HEADER, HELLO, decode_header, encode_header
-from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag
+from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._net import connect_with_retry, listen, local_address, recv_exact, tune
 from ._protocol import DEFAULT_TIMEOUT
 from ._store import StoreClient, StoreServer
@@ -420,13 +420,7 @@ class TcpTransport:
                 if left <= 0:
                     if not pending.claimed:
                         self._withdraw(pending, src)
-                    raise CollectiveTimeout(
-                        f"rank {self._rank} waited {limit:g} s for a message from rank {src} (tag {pending.tag:#x}) "
-                        f"that never came: rank {src} has not reached the matching call, or is stuck "
-                        "(raise the timeout if it is only slow)",
-                        rank=self._rank,
-                        waiting_for=(src,),
-                    )
+                    raise receive_timeout(self._rank, src, pending.tag, limit)
                 self._cond.wait(left)
         if pending.error is not None:
             raise pending.error

@@ -1,0 +1,137 @@
+"""Run by tests/integration/test_real_processes.py as `ferrodist run -n N properties.py CASES BACKEND`.
+
+Every rank walks the same list of cases: each collective with each dtype and, for the
+reducing ones, each op that applies (83 (dtype, op) pairs x all_reduce with both
+algorithms, reduce and reduce_scatter; 13 dtypes x broadcast, all_gather, gather,
+scatter and all_to_all), then random cases until CASES. Shapes (0-d and empty
+included), roots and values are drawn from a seeded generator that every rank seeds
+alike, so every rank knows every rank's input and checks its result against the numpy
+reference locally.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import ferrodist.collectives as dist
+from ferrodist.core import ALL_DTYPES, ReduceOp
+from ferrodist.testing import assert_reduced, ref_all_to_all
+
+SEED = 20261122
+REDUCING = ("all_reduce/ring", "all_reduce/recursive_doubling", "reduce", "reduce_scatter")
+MOVING = ("broadcast", "all_gather", "gather", "scatter", "all_to_all")
+
+
+def planned_cases() -> list[tuple[str, object, object]]:
+    cases = []
+    for kind in REDUCING:
+        for dt in ALL_DTYPES:
+            for op in sorted(dt.ops, key=lambda o: o.value):
+                cases.append((kind, dt, op))
+    for kind in MOVING:
+        for dt in ALL_DTYPES:
+            cases.append((kind, dt, None))
+    return cases
+
+
+def values(rng: np.random.Generator, dt, shape, op) -> np.ndarray:
+    if dt.kind == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dt.is_floating:
+        bound = 2.0 if op is ReduceOp.PRODUCT else 1000.0
+        return rng.uniform(-bound, bound, shape).astype(np.float32).astype(dt.numpy)
+    info = np.iinfo(dt.numpy)
+    return rng.integers(
+        int(info.min), int(info.max), shape, dtype=np.int64 if info.min < 0 else np.uint64, endpoint=True
+    ).astype(dt.numpy)
+
+
+def shape_for(rng: np.random.Generator) -> tuple[int, ...]:
+    choice = rng.integers(0, 6)
+    if choice == 0:
+        return ()
+    if choice == 1:
+        return (0,)
+    dims = rng.integers(1, 4)
+    return tuple(int(n) for n in rng.integers(1, 6, dims)) if choice < 5 else (int(rng.integers(60, 3000)),)
+
+
+def run_case(index: int, kind: str, dt, op, size: int, rank: int) -> None:
+    rng = np.random.default_rng([SEED, index])
+    shape = shape_for(rng)
+    root = int(rng.integers(0, size))
+    inputs = [values(np.random.default_rng([SEED, index, r]), dt, shape, op) for r in range(size)]
+    mine = inputs[rank].copy()
+    where = f"case {index}: {kind} {dt.name} {op} shape {shape} root {root}"
+    if kind.startswith("all_reduce"):
+        dist.all_reduce(mine, op, algorithm=kind.split("/")[1])
+        assert_reduced(mine, inputs, op, what=where)
+    elif kind == "reduce":
+        dist.reduce(mine, root, op)
+        if rank == root:
+            assert_reduced(mine, inputs, op, what=where)
+        else:
+            np.testing.assert_array_equal(mine, inputs[rank], err_msg=where)
+    elif kind == "reduce_scatter":
+        blocks = [
+            [values(np.random.default_rng([SEED, index, r, i]), dt, shape, op) for i in range(size)]
+            for r in range(size)
+        ]
+        out = np.zeros(shape, dt.numpy)
+        dist.reduce_scatter(out, blocks[rank], op)
+        assert_reduced(out, [blocks[r][rank] for r in range(size)], op, what=where)
+    elif kind == "broadcast":
+        dist.broadcast(mine, root)
+        np.testing.assert_array_equal(mine, inputs[root], err_msg=where)
+    elif kind == "all_gather":
+        out = np.zeros((size, *shape), dt.numpy)
+        dist.all_gather(out, inputs[rank])
+        np.testing.assert_array_equal(out, np.stack(inputs), err_msg=where)
+    elif kind == "gather":
+        out = np.zeros((size, *shape), dt.numpy) if rank == root else None
+        dist.gather(inputs[rank], out, root)
+        if rank == root:
+            np.testing.assert_array_equal(out, np.stack(inputs), err_msg=where)
+    elif kind == "scatter":
+        source = np.stack(inputs) if rank == root else None
+        out = np.zeros(shape, dt.numpy)
+        dist.scatter(out, source, root)
+        np.testing.assert_array_equal(out, inputs[rank], err_msg=where)
+    elif kind == "all_to_all":
+        counts = np.random.default_rng([SEED, index, 99]).integers(0, 5, (size, size))
+        sent = [
+            [values(np.random.default_rng([SEED, index, i, j]), dt, (int(counts[i][j]),), None) for j in range(size)]
+            for i in range(size)
+        ]
+        outs = [np.zeros(int(counts[i][rank]), dt.numpy) for i in range(size)]
+        dist.all_to_all(outs, sent[rank])
+        for got, want in zip(outs, ref_all_to_all(sent)[rank], strict=True):
+            np.testing.assert_array_equal(got, want, err_msg=where)
+    else:
+        raise AssertionError(kind)
+
+
+def main() -> None:
+    total = int(sys.argv[1])
+    backend = sys.argv[2] if len(sys.argv) > 2 else "tcp"
+    world = dist.init_process_group(backend, timeout=60)
+    rank, size = world.rank, world.size
+    cases = planned_cases()
+    rng = np.random.default_rng(SEED)
+    everything = [*REDUCING, *MOVING]
+    while len(cases) < total:
+        kind = everything[int(rng.integers(0, len(everything)))]
+        dt = ALL_DTYPES[int(rng.integers(0, len(ALL_DTYPES)))]
+        ops = sorted(dt.ops, key=lambda o: o.value)
+        cases.append((kind, dt, ops[int(rng.integers(0, len(ops)))] if kind in REDUCING else None))
+    for index, (kind, dt, op) in enumerate(cases):
+        run_case(index, kind, dt, op, size, rank)
+    dist.barrier()
+    print(f"rank {rank} of {size}: {len(cases)} cases passed over {backend}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

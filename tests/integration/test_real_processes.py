@@ -1,0 +1,85 @@
+"""Real processes started by `ferrodist run`: the property cases over TCP with 2 and 4
+ranks, and the failures that must be diagnosed instead of hanging.
+
+The property script (scripts/properties.py) runs 400 cases per job: every collective with
+every dtype and every op that applies (397 planned cases), then random ones; shapes,
+roots and values are drawn from a seeded generator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+CASES = 400
+
+
+def ferrodist_run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ferrodist.launch", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_property_cases_over_tcp(ranks):
+    done = ferrodist_run("-n", str(ranks), str(SCRIPTS / "properties.py"), str(CASES), "tcp")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(ranks):
+        assert f"[rank {rank}] rank {rank} of {ranks}: {CASES} cases passed over tcp" in done.stdout
+
+
+def run_fault(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict[int, dict]]:
+    start = time.monotonic()
+    done = ferrodist_run("-n", "3", "--grace", "10", str(SCRIPTS / "faults.py"), mode, str(tmp_path), timeout=120)
+    took = time.monotonic() - start
+    errors = {int(p.stem.removeprefix("error")): json.loads(p.read_text()) for p in tmp_path.glob("error*.json")}
+    # No rank outlives the launcher.
+    for pid_file in tmp_path.glob("pid*"):
+        pid = int(pid_file.read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert took < 60, f"the job took {took:.1f} s to be torn down"
+    return done, errors
+
+
+def test_kill_9_mid_all_reduce_makes_survivors_raise_peer_lost_at_once(tmp_path):
+    done, errors = run_fault("kill", tmp_path)
+    assert done.returncode == 128 + 9
+    assert "ferrodist run: rank 1 was killed by SIGKILL" in done.stdout
+    assert sorted(errors) == [0, 2]
+    for rank, error in errors.items():
+        assert error["class"] == "PeerLost", error
+        assert error["peer"] == 1
+        assert "rank 1 went away" in error["message"]
+        assert error["seconds"] < 5, f"rank {rank} took {error['seconds']:.1f} s to notice"
+
+
+def test_a_rank_that_skips_a_collective_is_named_by_every_rank_that_waited(tmp_path):
+    done, errors = run_fault("skip", tmp_path)
+    assert done.returncode == 1
+    assert sorted(errors) == [0, 1]
+    for error in errors.values():
+        assert error["class"] == "CollectiveTimeout"
+        assert error["waiting_for"] == [2]
+        assert "ranks that never reached call #1: [2]" in error["message"]
+
+
+def test_mismatched_sizes_are_reported_with_what_each_rank_called(tmp_path):
+    done, errors = run_fault("mismatch", tmp_path)
+    assert done.returncode == 1
+    mismatches = [e for e in errors.values() if e["class"] == "CollectiveMismatch"]
+    assert mismatches, errors
+    assert any("all_reduce(float32 x 999, op=SUM)" in e["message"] for e in mismatches)
+    assert any("all_reduce(float32 x 1000, op=SUM)" in e["message"] for e in mismatches)
+    for error in mismatches:
+        assert error["seconds"] < 5
