@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-from _helpers import free_port
 
+from _helpers import free_port
 from ferrodist.core import AuthenticationFailed, BackendUnavailable, CollectiveTimeout, InvalidArgument, PeerLost
 from ferrodist.transport import StoreClient, StoreServer, TcpTransport
 
@@ -25,7 +25,7 @@ def store():
 
 
 def test_set_get_add_check_delete(store):
-    server, client = store
+    _server, client = store
     client.set("a", b"1")
     client.set("b", "two")
     assert client.get("a", timeout=1) == b"1" and client.get("b", timeout=1) == b"two"
@@ -54,7 +54,7 @@ def test_timeouts_name_the_missing_keys(store):
     client.set("here", b"")
     with pytest.raises(CollectiveTimeout, match=r"keys \['gone'\] were not set"):
         client.wait(["here", "gone"], timeout=0.2)
-    with pytest.raises(CollectiveTimeout, match="'nope' was not set within 0.1 s"):
+    with pytest.raises(CollectiveTimeout, match=r"'nope' was not set within 0\.1 s"):
         client.get("nope", timeout=0.1)
 
 

@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 import pytest
-from _helpers import tcp_world
 
+from _helpers import tcp_world
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, InvalidArgument, InvalidRank, PeerLost
 from ferrodist.transport import Request, SimulatedTransport, TcpTransport, Transport
 
