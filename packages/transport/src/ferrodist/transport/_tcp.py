@@ -125,6 +125,8 @@ class _Link:
                     rank=t.rank,
                 ),
             )
+        except Exception as exc:  # noqa: BLE001 - a reader thread must report, never die silently
+            t._lose(self.peer, ProtocolError(f"reading from rank {self.peer} failed: {exc!r}", rank=t.rank))
 
     def _read(self, view: memoryview) -> memoryview:
         """Fill ``view`` from the socket; raise at end of stream."""
