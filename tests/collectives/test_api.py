@@ -424,3 +424,46 @@ def test_concurrent_calls_on_two_groups_from_two_threads_do_not_mix():
         return x[0], side_result["y"]
 
     assert run_world(3, rank_main) == [(6.0, 12.0 * 3**4)] * 3
+
+
+def test_debug_mode_reports_what_every_rank_called(monkeypatch):
+    monkeypatch.setenv("FERRODIST_DEBUG", "detail")
+
+    def rank_main():
+        me = dist.get_rank()
+        x = np.zeros((2, 3) if me != 2 else (3, 2), np.float32)  # same size, different shape
+        with pytest.raises(CollectiveMismatch) as info:
+            dist.all_reduce(x, timeout=10)
+        return str(info.value)
+
+    messages = run_world(3, rank_main)
+    assert len({m.split("debug check: ", 1)[1] for m in messages}) == 1  # every rank says the same
+    assert (
+        "debug check: the ranks disagree about this call: ranks [0, 1] called all_reduce(float32 x 6, op=SUM) "
+        "with shape (2, 3); rank 2 called all_reduce(float32 x 6, op=SUM) with shape (3, 2)"
+    ) in messages[0]
+
+
+def test_debug_mode_names_different_operations_then_lets_agreeing_calls_through(monkeypatch):
+    monkeypatch.setenv("FERRODIST_DEBUG", "detail")
+
+    def rank_main():
+        x = np.ones(4)
+        with pytest.raises(CollectiveMismatch, match=r"rank 1 called broadcast\(float64 x 4, root=0\) with shape \(4,\)"):
+            if dist.get_rank() == 1:
+                dist.broadcast(x, src=0, timeout=10)
+            else:
+                dist.all_reduce(x, timeout=10)
+        dist.all_reduce(x, timeout=10)
+        return x[0]
+
+    assert run_world(2, rank_main) == [2.0, 2.0]
+
+
+def test_without_debug_mode_a_shape_difference_of_equal_size_goes_through():
+    def rank_main():
+        x = np.ones((2, 3) if dist.get_rank() == 0 else (3, 2))
+        dist.all_reduce(x)
+        return x.sum()
+
+    assert run_world(2, rank_main) == [12.0, 12.0]

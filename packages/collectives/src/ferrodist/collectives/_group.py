@@ -30,6 +30,7 @@ from . import _direct, _doubling, _ring, _tree
 from ._call import MAX_USER_TAG, Call, Scratch, collective_tag, p2p_tag
 from ._census import absent_ranks
 from ._checks import Checker, flats, split_equally
+from ._debug import check_agreement
 from ._fingerprint import describe, fingerprint
 from ._select import all_reduce_algorithm
 from ._work import RequestWork, Work, Worker
@@ -48,8 +49,18 @@ class ProcessGroup:
         world.all_reduce(x)          # rank 0: [3.]   rank 1: [3.]
     """
 
-    def __init__(self, transport: Transport, ranks: Sequence[int], group_id: int, *, timeout: float, name: str) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        ranks: Sequence[int],
+        group_id: int,
+        *,
+        timeout: float,
+        name: str,
+        debug: bool = False,
+    ) -> None:
         self._transport = transport
+        self._debug = debug
         self._ranks = tuple(ranks)
         self._group_id = group_id
         self._timeout = float(timeout)
@@ -140,16 +151,27 @@ class ProcessGroup:
             group_id,
             timeout=self._timeout if timeout is None else timeout,
             name=f"{group_id}{list(ranks)}",
+            debug=self._debug,
         )
         self._children.add(child)
         return child
 
     # -- running a call ------------------------------------------------------------------------
-    def _launch(self, operation: str, body: Body, fp: int, *, async_op: bool, timeout: float | None) -> Work | None:
+    def _launch(
+        self,
+        operation: str,
+        body: Body,
+        fp: int,
+        *,
+        async_op: bool,
+        timeout: float | None,
+        shape: tuple[int, ...] = (),
+    ) -> Work | None:
         """Run ``body`` as the next call of this group (now, or on the async worker).
 
         ``fp`` is the call's fingerprint (see ``_fingerprint``): every message of the call
         carries it, and a peer in another call is reported as a ``CollectiveMismatch``.
+        In debug mode the ranks first compare ``fp`` and ``shape`` (see ``_debug``).
         """
         rank = self._member_rank(operation)
         limit = self._limit(timeout, operation)
@@ -163,6 +185,8 @@ class ProcessGroup:
         def run() -> None:
             call = Call(self._transport, self._ranks, rank, tag, time.monotonic() + limit, self._scratch, fp)
             try:
+                if self._debug:
+                    check_agreement(call, shape)
                 body(call)
             except FerrodistError as exc:
                 framed = exc.with_context(context, rank=self._global_rank, operation=operation)
@@ -242,7 +266,12 @@ class ProcessGroup:
         x = t.flat()
         fp = fingerprint("all_reduce", t.dtype, t.numel, reduce_op)
         return self._launch(
-            "all_reduce", lambda call: engine(call, x, kernel, divisor), fp, async_op=async_op, timeout=timeout
+            "all_reduce",
+            lambda call: engine(call, x, kernel, divisor),
+            fp,
+            async_op=async_op,
+            timeout=timeout,
+            shape=t.shape,
         )
 
     def broadcast(
@@ -261,7 +290,12 @@ class ProcessGroup:
         x = t.flat()
         fp = fingerprint("broadcast", t.dtype, t.numel, root=root)
         return self._launch(
-            "broadcast", lambda call: _tree.broadcast(call, x, root), fp, async_op=async_op, timeout=timeout
+            "broadcast",
+            lambda call: _tree.broadcast(call, x, root),
+            fp,
+            async_op=async_op,
+            timeout=timeout,
+            shape=t.shape,
         )
 
     def reduce(
@@ -290,7 +324,12 @@ class ProcessGroup:
         x = t.flat()
         fp = fingerprint("reduce", t.dtype, t.numel, reduce_op, root)
         return self._launch(
-            "reduce", lambda call: _tree.reduce(call, x, root, kernel, divisor), fp, async_op=async_op, timeout=timeout
+            "reduce",
+            lambda call: _tree.reduce(call, x, root, kernel, divisor),
+            fp,
+            async_op=async_op,
+            timeout=timeout,
+            shape=t.shape,
         )
 
     def all_gather(
@@ -314,7 +353,7 @@ class ProcessGroup:
             _ring.all_gather(call, blocks)
 
         fp = fingerprint("all_gather", t.dtype, t.numel)
-        return self._launch("all_gather", body, fp, async_op=async_op, timeout=timeout)
+        return self._launch("all_gather", body, fp, async_op=async_op, timeout=timeout, shape=t.shape)
 
     def reduce_scatter(
         self,
@@ -349,7 +388,7 @@ class ProcessGroup:
                 _ring.reduce_scatter(call, out, blocks, kernel, divisor)
 
         fp = fingerprint("reduce_scatter", out_t.dtype, out_t.numel, reduce_op)
-        return self._launch("reduce_scatter", body, fp, async_op=async_op, timeout=timeout)
+        return self._launch("reduce_scatter", body, fp, async_op=async_op, timeout=timeout, shape=out_t.shape)
 
     def gather(
         self,
@@ -382,7 +421,12 @@ class ProcessGroup:
         x = t.flat()
         fp = fingerprint("gather", t.dtype, t.numel, root=root)
         return self._launch(
-            "gather", lambda call: _direct.gather(call, x, blocks, root), fp, async_op=async_op, timeout=timeout
+            "gather",
+            lambda call: _direct.gather(call, x, blocks, root),
+            fp,
+            async_op=async_op,
+            timeout=timeout,
+            shape=t.shape,
         )
 
     def scatter(
@@ -416,7 +460,12 @@ class ProcessGroup:
         x = t.flat()
         fp = fingerprint("scatter", t.dtype, t.numel, root=root)
         return self._launch(
-            "scatter", lambda call: _direct.scatter(call, x, blocks, root), fp, async_op=async_op, timeout=timeout
+            "scatter",
+            lambda call: _direct.scatter(call, x, blocks, root),
+            fp,
+            async_op=async_op,
+            timeout=timeout,
+            shape=t.shape,
         )
 
     def all_to_all(

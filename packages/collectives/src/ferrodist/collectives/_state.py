@@ -13,6 +13,7 @@ from ferrodist.core import InvalidArgument, InvalidRank, NotInitialized
 from ferrodist.transport import DEFAULT_TIMEOUT, SimulatedTransport, Transport
 
 from ._backends import make_transport
+from ._debug import enabled_by_environment
 from ._group import ProcessGroup
 
 _thread_default = threading.local()
@@ -59,6 +60,7 @@ def init_process_group(
     world_size: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     transport: Transport | None = None,
+    debug: bool | None = None,
 ) -> ProcessGroup:
     """Create the default process group (the world) for this process, or this thread.
 
@@ -73,6 +75,9 @@ def init_process_group(
             ``ferrodist.testing.run_world``).
         timeout: default seconds every collective, barrier and receive may wait.
         transport: an already connected transport for this rank.
+        debug: before every collective, check that all ranks are making the same call
+            (operation, shape, dtype, op, root) and raise ``CollectiveMismatch`` listing
+            what each rank called. Default: on when ``FERRODIST_DEBUG=detail``.
 
     Returns:
         The world ``ProcessGroup``; module-level functions use it when ``group=None``.
@@ -99,7 +104,14 @@ def init_process_group(
                 "init_process_group: the default process group is already initialized; "
                 "call destroy_process_group() first"
             )
-        world = ProcessGroup(transport, range(transport.world_size), 0, timeout=timeout, name="world")
+        world = ProcessGroup(
+            transport,
+            range(transport.world_size),
+            0,
+            timeout=timeout,
+            name="world",
+            debug=enabled_by_environment() if debug is None else bool(debug),
+        )
         if threaded:
             _thread_default.group = world
         else:

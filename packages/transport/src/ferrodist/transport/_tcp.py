@@ -125,7 +125,7 @@ class _Link:
                     rank=t.rank,
                 ),
             )
-        except Exception as exc:  # noqa: BLE001 - a reader thread must report, never die silently
+        except Exception as exc:
             t._lose(self.peer, ProtocolError(f"reading from rank {self.peer} failed: {exc!r}", rank=t.rank))
 
     def _read(self, view: memoryview) -> memoryview:
