@@ -52,6 +52,7 @@ PUBLIC_API: dict[str, set[str]] = {
     },
     "ferrodist.transport": {
         "DEFAULT_TIMEOUT",
+        "Faults",
         "LaunchInfo",
         "Request",
         "SimulatedTransport",

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from ferrodist.collectives import destroy_process_group, init_process_group, is_initialized
 from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost
-from ferrodist.transport import SimulatedTransport
+from ferrodist.transport import Faults, SimulatedTransport
 
 __all__ = ["run_world"]
 
@@ -22,6 +22,7 @@ def run_world(
     *args: Any,
     timeout: float = 30.0,
     run_timeout: float = 300.0,
+    faults: Faults | None = None,
     **kwargs: Any,
 ) -> list[T]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return each rank's result.
@@ -38,6 +39,8 @@ def run_world(
         timeout: the default timeout of every collective and receive inside ``fn``.
         run_timeout: the longest the whole run may take; ranks still running after it
             are abandoned and ``CollectiveTimeout`` names them.
+        faults: failures to inject (a slow rank, a rank that dies or goes silent at its
+            n-th message), see ``ferrodist.transport.Faults``.
 
     Example:
         >>> def step():
@@ -49,7 +52,7 @@ def run_world(
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise InvalidArgument(f"run_world: world_size must be an integer >= 1, not {world_size!r}")
-    transports = SimulatedTransport.create_group(world_size, timeout=timeout)
+    transports = SimulatedTransport.create_group(world_size, timeout=timeout, faults=faults)
     results: list[Any] = [None] * world_size
     failures: list[tuple[float, int, BaseException]] = []
     lock = threading.Lock()

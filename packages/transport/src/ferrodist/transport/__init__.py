@@ -1,6 +1,7 @@
 """ferrodist.transport: moving bytes between ranks (the ``Transport`` protocol and its backends)."""
 
 from ._env import LaunchInfo, launch_info
+from ._faults import Faults
 from ._protocol import DEFAULT_TIMEOUT, Request, Transport
 from ._simulated import SimulatedTransport
 from ._store import StoreClient, StoreServer
@@ -8,6 +9,7 @@ from ._tcp import TcpTransport
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "Faults",
     "LaunchInfo",
     "Request",
     "SimulatedTransport",

@@ -14,6 +14,7 @@ from typing import Any
 
 from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost
 
+from ._faults import Faults
 from ._matching import as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._memstore import MemoryStore
 from ._protocol import DEFAULT_TIMEOUT, Buffer
@@ -35,8 +36,10 @@ class _Mailbox:
 class _Hub:
     """State shared by the n simulated ranks of one world."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, faults: Faults) -> None:
         self.world_size = world_size
+        self.faults = faults
+        self.sent = [0] * world_size  # messages each rank has tried to send
         self.mailboxes = [_Mailbox() for _ in range(world_size)]
         self.closed = [False] * world_size
         self.barrier_cond = threading.Condition(threading.Lock())
@@ -137,15 +140,20 @@ class SimulatedTransport:
         self._timeout = float(timeout)
 
     @classmethod
-    def create_group(cls, world_size: int, *, timeout: float = DEFAULT_TIMEOUT) -> list[SimulatedTransport]:
-        """``world_size`` connected transports, one per rank (rank i at index i)."""
+    def create_group(
+        cls, world_size: int, *, timeout: float = DEFAULT_TIMEOUT, faults: Faults | None = None
+    ) -> list[SimulatedTransport]:
+        """``world_size`` connected transports, one per rank (rank i at index i), with
+        ``faults`` injected (see :class:`Faults`)."""
         if not isinstance(world_size, int) or world_size < 1:
             raise InvalidArgument(
                 f"SimulatedTransport.create_group: world_size must be an int >= 1, not {world_size!r}"
             )
         if timeout <= 0:
             raise InvalidArgument(f"SimulatedTransport.create_group: timeout must be positive, not {timeout!r}")
-        hub = _Hub(world_size)
+        faults = faults or Faults()
+        faults.check(world_size)
+        hub = _Hub(world_size, faults)
         return [cls(hub, r, timeout) for r in range(world_size)]
 
     @property
@@ -183,6 +191,8 @@ class SimulatedTransport:
         dst = self._peer(dst, "send")
         tag = check_tag(tag, "send")
         payload = as_bytes(buf, "send")
+        if not self._inject_faults(dst):
+            return _Done()  # a silent rank: the message is lost
         if self._hub.closed[dst]:
             raise PeerLost(
                 f"rank {self._rank} cannot send to rank {dst}: rank {dst} closed or failed", peer=dst, rank=self._rank
@@ -197,6 +207,20 @@ class SimulatedTransport:
             else:
                 box.unexpected[key].append((payload.copy(), fingerprint))
         return _Done()
+
+    def _inject_faults(self, dst: int) -> bool:
+        """Apply this rank's injected faults to its next message; False if the message is lost."""
+        hub, me = self._hub, self._rank
+        hub.sent[me] += 1
+        count = hub.sent[me]
+        if me in hub.faults.delay:
+            time.sleep(hub.faults.delay[me])
+        if hub.faults.die_at.get(me) == count:
+            self.close()
+            raise PeerLost(
+                f"rank {me}: injected fault: this rank died at its message {count} (Faults.die_at)", peer=me, rank=me
+            )
+        return count < hub.faults.silent_at.get(me, count + 1)
 
     def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.isend(buf, dst, tag, fingerprint=fingerprint).wait(timeout)
