@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): Makefile pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q 'pip>=25.1'
-	$(BIN)/python -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)[test]) --group dev
+	$(BIN)/python -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)[test]) -e packages/transport[test,mpi] --group dev
 	touch $@
 
 demo: $(STAMP)
@@ -18,7 +18,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python tools/check_layers.py
-	$(BIN)/python -m pytest -q
+	FERRODIST_REQUIRE_MPI=1 PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	mkdir -p .benchmarks

@@ -54,6 +54,8 @@ PUBLIC_API: dict[str, set[str]] = {
         "DEFAULT_TIMEOUT",
         "Faults",
         "LaunchInfo",
+        "MpiCollectives",
+        "MpiTransport",
         "Request",
         "SimulatedTransport",
         "StoreClient",

@@ -1,4 +1,5 @@
-"""Run by tests/integration/test_real_processes.py as `ferrodist run -n 3 faults.py MODE OUTDIR`.
+"""Run by tests/integration/test_real_processes.py as `ferrodist run -n 3 faults.py MODE OUTDIR [BACKEND]`
+(or under mpiexec with BACKEND mpi).
 
 MODE kill:     rank 1 kills itself with SIGKILL in the middle of a large all_reduce.
 MODE skip:     rank 2 never calls the all_reduce the others are in.
@@ -25,7 +26,7 @@ from ferrodist.core import FerrodistError
 
 def main() -> None:
     mode, outdir = sys.argv[1], Path(sys.argv[2])
-    dist.init_process_group("tcp", timeout=60)
+    dist.init_process_group(sys.argv[3] if len(sys.argv) > 3 else "tcp", timeout=60)
     rank = dist.get_rank()
     (outdir / f"pid{rank}").write_text(str(os.getpid()))
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # survivors report, then leave by themselves
@@ -33,9 +34,9 @@ def main() -> None:
     dist.all_reduce(x[:10])  # everyone is connected and in step
     if mode == "kill" and rank == 1:
         threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
-    if mode == "skip" and rank == 2:
+    if mode == "skip" and rank == dist.get_world_size() - 1:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        time.sleep(60)
+        time.sleep(60 if len(sys.argv) <= 3 else 4)  # under mpiexec: come back, so MPI can finish
         return
     if mode == "mismatch" and rank == 1:
         x = x[:999]

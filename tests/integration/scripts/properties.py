@@ -80,22 +80,26 @@ def run_case(index: int, kind: str, dt, op, size: int, rank: int) -> None:
             for r in range(size)
         ]
         out = np.zeros(shape, dt.numpy)
-        dist.reduce_scatter(out, blocks[rank], op)
+        mine_blocks = blocks[rank] if index % 2 else np.stack(blocks[rank])
+        dist.reduce_scatter(out, mine_blocks, op)
         assert_reduced(out, [blocks[r][rank] for r in range(size)], op, what=where)
     elif kind == "broadcast":
         dist.broadcast(mine, root)
         np.testing.assert_array_equal(mine, inputs[root], err_msg=where)
     elif kind == "all_gather":
-        out = np.zeros((size, *shape), dt.numpy)
+        # Odd cases pass a list of tensors, even ones a single tensor.
+        out = [np.zeros(shape, dt.numpy) for _ in range(size)] if index % 2 else np.zeros((size, *shape), dt.numpy)
         dist.all_gather(out, inputs[rank])
-        np.testing.assert_array_equal(out, np.stack(inputs), err_msg=where)
+        np.testing.assert_array_equal(np.stack(out), np.stack(inputs), err_msg=where)
     elif kind == "gather":
-        out = np.zeros((size, *shape), dt.numpy) if rank == root else None
+        out = None
+        if rank == root:
+            out = [np.zeros(shape, dt.numpy) for _ in range(size)] if index % 2 else np.zeros((size, *shape), dt.numpy)
         dist.gather(inputs[rank], out, root)
         if rank == root:
-            np.testing.assert_array_equal(out, np.stack(inputs), err_msg=where)
+            np.testing.assert_array_equal(np.stack(out), np.stack(inputs), err_msg=where)
     elif kind == "scatter":
-        source = np.stack(inputs) if rank == root else None
+        source = (list(inputs) if index % 2 else np.stack(inputs)) if rank == root else None
         out = np.zeros(shape, dt.numpy)
         dist.scatter(out, source, root)
         np.testing.assert_array_equal(out, inputs[rank], err_msg=where)
@@ -113,6 +117,24 @@ def run_case(index: int, kind: str, dt, op, size: int, rank: int) -> None:
         raise AssertionError(kind)
 
 
+def check_subgroups(rank: int, size: int) -> None:
+    """Every rank makes every group; members reduce and broadcast within theirs."""
+    for members in ([0], sorted({0, size - 1}), list(range(1, size)) or [0], list(range(size))):
+        group = dist.new_group(members)
+        if rank not in members:
+            assert not group.is_member
+            continue
+        for dtype in (np.int64, np.float16):  # MPI's own reduction, then ferrodist's
+            x = np.array([rank + 1, 10 * (rank + 1)], dtype)
+            dist.all_reduce(x, group=group)
+            expected = np.array([sum(m + 1 for m in members), 10 * sum(m + 1 for m in members)], dtype)
+            np.testing.assert_array_equal(x, expected, err_msg=f"all_reduce on {members}")
+        y = np.array([rank], np.int32)
+        dist.broadcast(y, src=members[-1], group=group)
+        assert y[0] == members[-1], (members, y)
+        dist.barrier(group=group)
+
+
 def main() -> None:
     total = int(sys.argv[1])
     backend = sys.argv[2] if len(sys.argv) > 2 else "tcp"
@@ -128,6 +150,7 @@ def main() -> None:
         cases.append((kind, dt, ops[int(rng.integers(0, len(ops)))] if kind in REDUCING else None))
     for index, (kind, dt, op) in enumerate(cases):
         run_case(index, kind, dt, op, size, rank)
+    check_subgroups(rank, size)
     dist.barrier()
     print(f"rank {rank} of {size}: {len(cases)} cases passed over {backend}")
     dist.destroy_process_group()

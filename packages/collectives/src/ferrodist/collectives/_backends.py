@@ -5,11 +5,11 @@ from __future__ import annotations
 from urllib.parse import urlparse
 
 from ferrodist.core import BackendUnavailable, InvalidArgument
-from ferrodist.transport import LaunchInfo, SimulatedTransport, TcpTransport, Transport, launch_info
+from ferrodist.transport import LaunchInfo, MpiTransport, SimulatedTransport, TcpTransport, Transport, launch_info
 
 #: Backends ``init_process_group`` can start ("auto" picks one).
-BACKENDS = ("simulated", "tcp")
-_LATER = ("shm", "mpi", "nccl", "gloo")
+BACKENDS = ("simulated", "tcp", "mpi")
+_LATER = ("shm", "nccl", "gloo")
 
 
 def make_transport(
@@ -31,6 +31,8 @@ def make_transport(
         return TcpTransport.connect(
             rank=rank, world_size=world_size, master_addr=addr, master_port=port, timeout=timeout
         )
+    if backend == "mpi":
+        return _mpi_transport(info, rank, world_size, timeout)
     if backend in _LATER:
         raise BackendUnavailable(
             f"init_process_group: backend {backend!r} is not part of this ferrodist release; "
@@ -40,10 +42,28 @@ def make_transport(
 
 
 def _auto(info: LaunchInfo | None, rank: int | None, world_size: int | None, init_method: str | None) -> str:
+    """mpi under mpiexec (when mpi4py is there and no master address is given), tcp for any
+    other job of several ranks, else a simulated world of one."""
     size = world_size if world_size is not None else (info.world_size if info else 1)
+    if info is not None and info.under_mpi and init_method is None and info.master_addr is None:
+        try:
+            import mpi4py  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            return "mpi"
     if size == 1 and init_method is None:
         return "simulated"
     return "tcp"
+
+
+def _mpi_transport(info: LaunchInfo | None, rank: int | None, world_size: int | None, timeout: float) -> Transport:
+    transport = MpiTransport(timeout=timeout)
+    for name, wanted, actual in (("rank", rank, transport.rank), ("world_size", world_size, transport.world_size)):
+        if wanted is not None and wanted != actual:
+            transport.close()
+            raise InvalidArgument(f"init_process_group: {name}={wanted} but MPI says {actual}")
+    return transport
 
 
 def _where(

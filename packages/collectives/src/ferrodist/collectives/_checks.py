@@ -12,6 +12,13 @@ from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, ReduceO
 from ._call import Array
 
 
+class Blocks(list):  # type: ignore[type-arg]
+    """One flat array per rank; ``whole`` is the single array they are consecutive views of
+    (when the caller passed one tensor), or ``None`` (when the caller passed a list)."""
+
+    whole: Array | None = None
+
+
 class Checker:
     """Builds error messages that name the rank and the operation."""
 
@@ -46,7 +53,7 @@ class Checker:
             raise self.fail(f"{what}={root} is outside the group (valid: 0..{size - 1})", InvalidRank)
         return int(root)
 
-    def blocks(self, obj: object, like: Tensor, size: int, what: str, *, writeable: bool) -> list[Array]:
+    def blocks(self, obj: object, like: Tensor, size: int, what: str, *, writeable: bool) -> Blocks:
         """``size`` flat arrays shaped like ``like``: from a list of ``size`` tensors, or from one
         tensor of ``size * like.numel`` elements split into equal consecutive blocks."""
         if isinstance(obj, (list, tuple)):
@@ -55,7 +62,7 @@ class Checker:
             tensors = [self.tensor(item, f"{what}[{i}]", writeable=writeable) for i, item in enumerate(obj)]
             for i, t in enumerate(tensors):
                 self.same_kind(t, like, f"{what}[{i}]")
-            return [t.flat() for t in tensors]
+            return Blocks(t.flat() for t in tensors)
         whole = self.tensor(obj, what, writeable=writeable)
         if whole.dtype is not like.dtype:
             raise self.fail(f"{what} is {whole.dtype.name} but the tensor is {like.dtype.name}; use one dtype")
@@ -65,7 +72,9 @@ class Checker:
                 f"{size} x {like.numel} = {size * like.numel} (or pass a list of {size} tensors)"
             )
         flat = whole.flat()
-        return [flat[i * like.numel : (i + 1) * like.numel] for i in range(size)]
+        blocks = Blocks(flat[i * like.numel : (i + 1) * like.numel] for i in range(size))
+        blocks.whole = flat
+        return blocks
 
     def same_kind(self, t: Tensor, like: Tensor, what: str) -> None:
         if t.dtype is not like.dtype:

@@ -22,11 +22,12 @@ from ferrodist.core import (
     InvalidArgument,
     InvalidRank,
     ReduceOp,
+    Tensor,
     reducer,
 )
 from ferrodist.transport import Transport
 
-from . import _direct, _doubling, _ring, _tree
+from . import _direct, _doubling, _native, _ring, _tree
 from ._call import MAX_USER_TAG, Call, Scratch, collective_tag, p2p_tag
 from ._census import absent_ranks
 from ._checks import Checker, flats, split_equally
@@ -61,6 +62,10 @@ class ProcessGroup:
     ) -> None:
         self._transport = transport
         self._debug = debug
+        # The transport's own collectives for these ranks (MPI's), or None. Every rank of the
+        # world builds every group, so a transport may make this a collective call.
+        make_native = getattr(transport, "native_collectives", None)
+        self._native: Any = make_native(tuple(ranks)) if make_native is not None else None
         self._ranks = tuple(ranks)
         self._group_id = group_id
         self._timeout = float(timeout)
@@ -232,6 +237,13 @@ class ProcessGroup:
                 self._worker = Worker(f"ferrodist-{self._name}-rank{self._global_rank}")
             return self._worker
 
+    def _native_for(self, t: Tensor, op: ReduceOp | None = None, algorithm: str | None = None) -> Any:
+        """The transport's own collectives when they can do this call (and the caller did
+        not ask for one of ours), else None."""
+        if self._native is None or algorithm not in (None, "auto") or not self._native.supports(t.dtype, op):
+            return None
+        return self._native
+
     def _checker(self, operation: str) -> Checker:
         self._member_rank(operation)
         return Checker(self._global_rank, operation)
@@ -265,9 +277,12 @@ class ProcessGroup:
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         x = t.flat()
         fp = fingerprint("all_reduce", t.dtype, t.numel, reduce_op)
+        native = self._native_for(t, reduce_op, algorithm)
         return self._launch(
             "all_reduce",
-            lambda call: engine(call, x, kernel, divisor),
+            (lambda call: native.all_reduce(x, t.dtype, reduce_op, call.deadline))
+            if native
+            else (lambda call: engine(call, x, kernel, divisor)),
             fp,
             async_op=async_op,
             timeout=timeout,
@@ -289,9 +304,12 @@ class ProcessGroup:
         t = check.tensor(tensor, writeable=self._rank != root)
         x = t.flat()
         fp = fingerprint("broadcast", t.dtype, t.numel, root=root)
+        native = self._native_for(t)
         return self._launch(
             "broadcast",
-            lambda call: _tree.broadcast(call, x, root),
+            (lambda call: native.broadcast(x, root, t.dtype, call.deadline))
+            if native
+            else (lambda call: _tree.broadcast(call, x, root)),
             fp,
             async_op=async_op,
             timeout=timeout,
@@ -323,9 +341,12 @@ class ProcessGroup:
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         x = t.flat()
         fp = fingerprint("reduce", t.dtype, t.numel, reduce_op, root)
+        native = self._native_for(t, reduce_op)
         return self._launch(
             "reduce",
-            lambda call: _tree.reduce(call, x, root, kernel, divisor),
+            (lambda call: native.reduce(x, root, t.dtype, reduce_op, call.deadline))
+            if native
+            else (lambda call: _tree.reduce(call, x, root, kernel, divisor)),
             fp,
             async_op=async_op,
             timeout=timeout,
@@ -348,7 +369,12 @@ class ProcessGroup:
         blocks = check.blocks(output, t, self.size, "output", writeable=True)
         x = t.flat()
 
+        native = self._native_for(t)
+
         def body(call: Call) -> None:
+            if native:
+                _native.all_gather(native, call, x, blocks, t.dtype)
+                return
             blocks[call.rank][...] = x
             _ring.all_gather(call, blocks)
 
@@ -381,9 +407,13 @@ class ProcessGroup:
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         out = out_t.flat()
 
+        native = self._native_for(out_t, reduce_op)
+
         def body(call: Call) -> None:
             if call.size == 1:
                 out[...] = blocks[0]
+            elif native:
+                _native.reduce_scatter(native, call, out, blocks, out_t.dtype, reduce_op)
             else:
                 _ring.reduce_scatter(call, out, blocks, kernel, divisor)
 
@@ -420,9 +450,12 @@ class ProcessGroup:
             blocks = None
         x = t.flat()
         fp = fingerprint("gather", t.dtype, t.numel, root=root)
+        native = self._native_for(t)
         return self._launch(
             "gather",
-            lambda call: _direct.gather(call, x, blocks, root),
+            (lambda call: _native.gather(native, call, x, blocks, root, t.dtype))
+            if native
+            else (lambda call: _direct.gather(call, x, blocks, root)),
             fp,
             async_op=async_op,
             timeout=timeout,
@@ -459,9 +492,12 @@ class ProcessGroup:
             blocks = None
         x = t.flat()
         fp = fingerprint("scatter", t.dtype, t.numel, root=root)
+        native = self._native_for(t)
         return self._launch(
             "scatter",
-            lambda call: _direct.scatter(call, x, blocks, root),
+            (lambda call: _native.scatter(native, call, x, blocks, root, t.dtype))
+            if native
+            else (lambda call: _direct.scatter(call, x, blocks, root)),
             fp,
             async_op=async_op,
             timeout=timeout,
@@ -502,7 +538,9 @@ class ProcessGroup:
     def barrier(self, *, async_op: bool = False, timeout: float | None = None) -> Work | None:
         """Return once every rank of the group has entered ``barrier`` (dissemination rounds)."""
         self._checker("barrier")
-        return self._launch("barrier", _tree.barrier, fingerprint("barrier"), async_op=async_op, timeout=timeout)
+        native = self._native
+        body = (lambda call: native.barrier(call.deadline)) if native else _tree.barrier
+        return self._launch("barrier", body, fingerprint("barrier"), async_op=async_op, timeout=timeout)
 
     # -- point to point ------------------------------------------------------------------------
     def _p2p(self, operation: str, tensor: Any, peer: int, tag: int, *, writeable: bool) -> tuple[Any, int, int, str]:
@@ -551,3 +589,6 @@ class ProcessGroup:
             worker, self._worker = self._worker, None
         if worker is not None:
             worker.stop(timeout)
+        native, self._native = self._native, None
+        if native is not None:
+            native.free()

@@ -2,6 +2,7 @@
 
 from ._env import LaunchInfo, launch_info
 from ._faults import Faults
+from ._mpi import MpiCollectives, MpiTransport
 from ._protocol import DEFAULT_TIMEOUT, Request, Transport
 from ._simulated import SimulatedTransport
 from ._store import StoreClient, StoreServer
@@ -11,6 +12,8 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "Faults",
     "LaunchInfo",
+    "MpiCollectives",
+    "MpiTransport",
     "Request",
     "SimulatedTransport",
     "StoreClient",

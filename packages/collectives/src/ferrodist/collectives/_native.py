@@ -1,0 +1,54 @@
+"""Collectives handed to a transport's own implementation (MPI's), with our bookkeeping:
+blocks passed as separate tensors are packed into one scratch buffer and back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._call import Array, Call
+from ._checks import Blocks
+
+#: Scratch slots used here (the algorithms in _ring/_tree/_doubling use 0..2).
+_PACK = 7
+
+
+def packed(call: Call, blocks: Blocks, fill: bool) -> Array:
+    """The blocks as one contiguous array: the caller's own when they passed one tensor,
+    else a scratch buffer (filled with the blocks' contents when ``fill``)."""
+    if blocks.whole is not None:
+        return blocks.whole
+    count = blocks[0].shape[0]
+    buf = call.scratch.get(_PACK, count * len(blocks), blocks[0].dtype)
+    if fill:
+        for i, block in enumerate(blocks):
+            buf[i * count : (i + 1) * count] = block
+    return buf
+
+
+def unpack(buf: Array, blocks: Blocks) -> None:
+    if blocks.whole is None:
+        count = blocks[0].shape[0]
+        for i, block in enumerate(blocks):
+            block[...] = buf[i * count : (i + 1) * count]
+
+
+def all_gather(native: Any, call: Call, x: Array, blocks: Blocks, dt: Any) -> None:
+    out = packed(call, blocks, fill=False)
+    native.all_gather(x, out, dt, call.deadline)
+    unpack(out, blocks)
+
+
+def reduce_scatter(native: Any, call: Call, out: Array, blocks: Blocks, dt: Any, op: Any) -> None:
+    native.reduce_scatter(packed(call, blocks, fill=True), out, dt, op, call.deadline)
+
+
+def gather(native: Any, call: Call, x: Array, blocks: Blocks | None, root: int, dt: Any) -> None:
+    out = packed(call, blocks, fill=False) if blocks is not None else None
+    native.gather(x, out, root, dt, call.deadline)
+    if blocks is not None and out is not None:
+        unpack(out, blocks)
+
+
+def scatter(native: Any, call: Call, x: Array, blocks: Blocks | None, root: int, dt: Any) -> None:
+    source = packed(call, blocks, fill=True) if blocks is not None else None
+    native.scatter(source, x, root, dt, call.deadline)

