@@ -44,7 +44,7 @@ def run_fault(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[st
     done = ferrodist_run("-n", "3", "--grace", "10", str(SCRIPTS / "faults.py"), mode, str(tmp_path), timeout=120)
     took = time.monotonic() - start
     errors = {int(p.stem.removeprefix("error")): json.loads(p.read_text()) for p in tmp_path.glob("error*.json")}
-    # No rank outlives the launcher.
+    # No rank outlives the launcher (the launcher reaps its ranks: no zombies either).
     for pid_file in tmp_path.glob("pid*"):
         pid = int(pid_file.read_text())
         with pytest.raises(ProcessLookupError):

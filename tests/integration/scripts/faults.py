@@ -53,6 +53,8 @@ def main() -> None:
             "waiting_for": list(getattr(exc, "waiting_for", ())),
         }
         (outdir / f"error{rank}.json").write_text(json.dumps(record))
+        if mode == "skip":
+            time.sleep(1.5)  # rank 0 hosts the store: stay while the others finish their census
         sys.exit(1)
     (outdir / f"finished{rank}").write_text("")
 
