@@ -73,7 +73,7 @@ def connect_with_retry(host: str, port: int, deadline: float, what: str, peer: i
                 sock.connect(address)
             except OSError as exc:
                 sock.close()
-                tried[f"{address[0]}:{address[1]}"] = exc.strerror or type(exc).__name__
+                tried[f"{address[0]!s}:{address[1]!s}"] = exc.strerror or type(exc).__name__
                 continue
             tune(sock)
             return sock

@@ -29,7 +29,7 @@ class _Mailbox:
 
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
-        self.unexpected: dict[Key, collections.deque[Buffer]] = collections.defaultdict(collections.deque)
+        self.unexpected: dict[Key, collections.deque[tuple[Buffer, int]]] = collections.defaultdict(collections.deque)
         self.posted: dict[Key, collections.deque[_Recv]] = collections.defaultdict(collections.deque)
 
 

@@ -163,8 +163,10 @@ class _Link:
             header = encode_header(kind, tag, self.send_seq, fingerprint, nbytes)
             self.send_seq += 1
             self.sock.settimeout(timeout)
-            if nbytes <= _SMALL:
-                self.sock.sendall(header + (payload.tobytes() if nbytes else b""))
+            if payload is None or nbytes == 0:
+                self.sock.sendall(header)
+            elif nbytes <= _SMALL:
+                self.sock.sendall(header + payload.tobytes())
             else:
                 self.sock.sendall(header)
                 self.sock.sendall(memoryview(payload))  # type: ignore[arg-type]
@@ -353,7 +355,7 @@ class TcpTransport:
             if pending is not None:
                 pending.claimed = True
         if pending is not None:
-            error = check_match(
+            error: BaseException | None = check_match(
                 self._rank, link.peer, tag, pending.buf.nbytes, pending.fingerprint, length, fingerprint
             )
             try:
@@ -453,14 +455,14 @@ class TcpTransport:
         try:
             link.send(DATA, tag, fingerprint, payload, limit)
         except TimeoutError:
-            error = CollectiveTimeout(
+            stalled = CollectiveTimeout(
                 f"rank {self._rank} could not hand {payload.nbytes} bytes to rank {dst} within {limit:g} s: "
                 f"rank {dst} is not reading (stopped or overloaded)",
                 rank=self._rank,
                 waiting_for=(dst,),
             )
-            self._lose(dst, error)  # a frame was cut in the middle: this connection is unusable now
-            raise error from None
+            self._lose(dst, stalled)  # a frame was cut in the middle: this connection is unusable now
+            raise stalled from None
         except OSError as exc:
             error = PeerLost(
                 f"rank {self._rank} cannot send to rank {dst}: the connection broke "
