@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost, ProtocolError
+from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost, ProtocolError
 
 from ._auth import accept_handshake, connect_handshake, job_token
 from ._net import connect_with_retry, listen, recv_exact
@@ -82,8 +82,8 @@ class StoreServer:
                 value = _read(sock, value_len) or b""
                 status, payload = self._handle(op, key, value, timeout)
                 sock.sendall(_ANSWER.pack(status, len(payload)) + payload)
-        except (FerrodistError, OSError, UnicodeDecodeError):
-            return  # a refused or broken client affects nobody else
+        except Exception:
+            return
         finally:
             with self._cond:
                 if sock in self._clients:
