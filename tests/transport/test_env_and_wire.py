@@ -1,0 +1,113 @@
+"""Launch variables, interface selection, and a live TCP link fed a corrupt stream."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+from _helpers import tcp_world
+
+from ferrodist.core import InvalidArgument, ProtocolError
+from ferrodist.transport import launch_info
+from ferrodist.transport._frames import DATA, encode_header
+from ferrodist.transport._net import local_address
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, None),
+        (
+            {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "29500"},
+            (2, 4, 0, "env", "h", 29500),
+        ),
+        (
+            {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"},
+            (1, 2, 1, "openmpi", None, None),
+        ),
+        ({"PMI_RANK": "3", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1"}, (3, 8, 1, "pmi", None, None)),
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "2"}, (5, 6, 2, "slurm", None, None)),
+        # ferrodist run / torchrun variables win over the scheduler's.
+        ({"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "7", "SLURM_NTASKS": "9"}, (0, 2, 0, "env", None, None)),
+    ],
+)
+def test_launch_info_reads_every_launcher(env, expected):
+    info = launch_info(env)
+    if expected is None:
+        assert info is None
+        return
+    assert (info.rank, info.world_size, info.local_rank, info.source, info.master_addr, info.master_port) == expected
+    assert info.under_mpi == (info.source in ("openmpi", "pmi", "pmix"))
+
+
+@pytest.mark.parametrize(
+    "env", [{"RANK": "x", "WORLD_SIZE": "2"}, {"RANK": "2", "WORLD_SIZE": "2"}, {"RANK": "0", "WORLD_SIZE": "0"}]
+)
+def test_bad_launch_variables_are_clear_errors(env):
+    with pytest.raises(InvalidArgument):
+        launch_info(env)
+
+
+def test_socket_interface_can_be_chosen(monkeypatch):
+    monkeypatch.setenv("FERRODIST_SOCKET_IFNAME", "lo")
+    assert local_address("10.1.2.3") == "127.0.0.1"
+    monkeypatch.setenv("FERRODIST_SOCKET_IFNAME", "no-such-interface0")
+    with pytest.raises(InvalidArgument, match=r"no IPv4 address on that interface \(interfaces here: .*lo"):
+        local_address("10.1.2.3")
+    monkeypatch.delenv("FERRODIST_SOCKET_IFNAME")
+    assert local_address("127.0.0.1") == "127.0.0.1"
+
+
+def raw_socket_of(transport, peer) -> socket.socket:
+    return transport._links[peer].sock
+
+
+def test_garbage_on_a_live_link_is_a_protocol_error_for_the_waiting_rank():
+    t0, t1 = tcp_world(2)
+    try:
+        raw_socket_of(t1, 0).sendall(b"\x00" * 64)  # not a frame header
+        with pytest.raises(ProtocolError, match="not a ferrodist frame"):
+            t0.recv(np.zeros(4), 1, tag=0, timeout=5)
+    finally:
+        t0.close()
+        t1.close()
+
+
+def test_an_oversized_frame_is_refused_without_allocating_it():
+    t0, t1 = tcp_world(2)
+    try:
+        link = t1._links[0]
+        with link.send_lock:
+            header = encode_header(DATA, 5, link.send_seq, 0, 1 << 60)  # an exabyte
+            link.send_seq += 1
+            link.sock.sendall(header)
+        with pytest.raises(ProtocolError, match="over this process's limit"):
+            t0.recv(np.zeros(4), 1, tag=5, timeout=5)
+    finally:
+        t0.close()
+        t1.close()
+
+
+def test_a_frame_out_of_sequence_is_a_protocol_error():
+    t0, t1 = tcp_world(2)
+    try:
+        link = t1._links[0]
+        with link.send_lock:
+            link.sock.sendall(encode_header(DATA, 1, link.send_seq + 3, 0, 0))
+        with pytest.raises(ProtocolError, match="arrived where frame 1 was due"):
+            t0.recv(np.zeros(0), 1, tag=1, timeout=5)
+    finally:
+        t0.close()
+        t1.close()
+
+
+def test_without_mpi4py_the_mpi_backend_names_the_extra(monkeypatch):
+    import sys
+
+    from ferrodist.core import BackendUnavailable
+    from ferrodist.transport import MpiTransport
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if it were not installed
+    with pytest.raises(BackendUnavailable, match=r"pip install 'ferrodist-transport\[mpi\]'"):
+        MpiTransport()
