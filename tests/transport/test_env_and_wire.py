@@ -6,8 +6,8 @@ import socket
 
 import numpy as np
 import pytest
-from _helpers import tcp_world
 
+from _helpers import tcp_world
 from ferrodist.core import InvalidArgument, ProtocolError
 from ferrodist.transport import launch_info
 from ferrodist.transport._frames import DATA, encode_header
