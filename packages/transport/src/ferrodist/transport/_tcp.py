@@ -25,11 +25,12 @@ import numpy as np
 
 from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost, ProtocolError
 
-from ._auth import accept_handshake, connect_handshake, job_token
-from ._frames import DATA, GOODBYE, HEADER, HELLO, decode_header, encode_header
+from ._auth import job_token
+from ._frames import DATA, GOODBYE, HEADER, decode_header, encode_header
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
-from ._net import connect_with_retry, listen, local_address, recv_exact, tune
+from ._net import local_address
 from ._protocol import DEFAULT_TIMEOUT
+from ._rendezvous import mesh
 from ._store import StoreClient, StoreServer
 
 __all__ = ["TcpTransport"]
@@ -239,82 +240,14 @@ class TcpTransport:
                     "0.0.0.0" if local_address(master_addr) != "127.0.0.1" else "127.0.0.1", master_port, token=secret
                 )
             self._store = StoreClient(master_addr, master_port, timeout=timeout, token=secret, rank=rank)
-            host = local_address(master_addr)
-            listener = listen(host, 0, what)
-            try:
-                self._store.set(f"ferrodist/addr/{rank}", f"{host}:{listener.getsockname()[1]}")
-                for peer in range(rank):
-                    self._dial(peer, secret, deadline, what)
-                self._accept_all(listener, secret, deadline, what)
-            finally:
-                listener.close()
+            for peer, sock in mesh(rank, world_size, self._store, local_address(master_addr), secret, deadline, what):
+                self._add_link(peer, sock)
         except BaseException:
             self.close()
             raise
         for link in self._links.values():
             link.thread.start()
         return self
-
-    def _dial(self, peer: int, secret: bytes, deadline: float, what: str) -> None:
-        assert self._store is not None
-        try:
-            address = self._store.get(f"ferrodist/addr/{peer}", timeout=max(0.0, deadline - time.monotonic()))
-        except CollectiveTimeout:
-            raise CollectiveTimeout(
-                f"{what}: rank {peer} never published its address (is it running?)",
-                rank=self._rank,
-                waiting_for=(peer,),
-            ) from None
-        host, _, port = address.decode().rpartition(":")
-        sock = connect_with_retry(host, int(port), deadline, what, peer)
-        try:
-            connect_handshake(sock, secret, deadline, what, peer)
-            sock.sendall(encode_header(HELLO, self._rank, 0, self._world_size, 0))
-            self._check_hello(sock, deadline, what, expect=peer)
-        except BaseException:
-            sock.close()
-            raise
-        self._add_link(peer, sock)
-
-    def _accept_all(self, listener: socket.socket, secret: bytes, deadline: float, what: str) -> None:
-        waiting = set(range(self._rank + 1, self._world_size))
-        while waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise CollectiveTimeout(
-                    f"{what}: ranks {sorted(waiting)} never connected to rank {self._rank}",
-                    rank=self._rank,
-                    waiting_for=tuple(sorted(waiting)),
-                )
-            listener.settimeout(min(left, 1.0))
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
-                continue
-            tune(sock)
-            try:
-                accept_handshake(sock, secret, deadline, what)
-                peer = self._check_hello(sock, deadline, what, expect=None)
-                if peer not in waiting:
-                    raise ProtocolError(f"{what}: a second connection claims to be rank {peer}")
-                sock.sendall(encode_header(HELLO, self._rank, 0, self._world_size, 0))
-            except FerrodistError:
-                sock.close()  # a stranger or a refused process: keep waiting for the real peers
-                continue
-            waiting.discard(peer)
-            self._add_link(peer, sock)
-
-    def _check_hello(self, sock: socket.socket, deadline: float, what: str, expect: int | None) -> int:
-        raw = recv_exact(sock, HEADER.size, deadline, what, -1 if expect is None else expect)
-        hello = decode_header(raw, expected_sequence=0, max_length=0, peer=-1 if expect is None else expect)
-        peer, size = hello.tag, hello.fingerprint
-        if hello.kind != HELLO or size != self._world_size or not 0 <= peer < size or peer == self._rank:
-            raise ProtocolError(
-                f"{what}: a peer introduced itself as rank {peer} of {size}; this job has {self._world_size} ranks"
-            )
-        if expect is not None and peer != expect:
-            raise ProtocolError(f"{what}: rank {expect}'s address is now used by rank {peer}")
-        return peer
 
     def _add_link(self, peer: int, sock: socket.socket) -> None:
         sock.settimeout(3600.0)
