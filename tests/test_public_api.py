@@ -57,6 +57,8 @@ PUBLIC_API: dict[str, set[str]] = {
         "MpiCollectives",
         "MpiTransport",
         "Request",
+        "ShmCollectives",
+        "ShmTransport",
         "SimulatedTransport",
         "StoreClient",
         "StoreServer",

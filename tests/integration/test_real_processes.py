@@ -31,17 +31,34 @@ def ferrodist_run(*args: str, timeout: float = 240) -> subprocess.CompletedProce
     )
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_property_cases_over_tcp(ranks):
-    done = ferrodist_run("-n", str(ranks), str(SCRIPTS / "properties.py"), str(CASES), "tcp")
+def ferrodist_files() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("ferrodist-*")}
+
+
+@pytest.mark.parametrize(
+    ("backend", "ranks", "chunk"),
+    [("tcp", 2, None), ("tcp", 4, None), ("shm", 2, None), ("shm", 4, None), ("shm", 3, 256)],
+    ids=["tcp-2", "tcp-4", "shm-2", "shm-4", "shm-3-small-chunks"],
+)
+def test_property_cases_in_real_processes(backend, ranks, chunk, monkeypatch):
+    if chunk:  # tiny shared-memory slots: every case crosses many chunks and reuses slots
+        monkeypatch.setenv("FERRODIST_SHM_CHUNK", str(chunk))
+        monkeypatch.setenv("FERRODIST_SHM_SLOTS", "3")
+    before = ferrodist_files()
+    done = ferrodist_run("-n", str(ranks), str(SCRIPTS / "properties.py"), str(CASES), backend)
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(ranks):
-        assert f"[rank {rank}] rank {rank} of {ranks}: {CASES} cases passed over tcp" in done.stdout
+        assert f"[rank {rank}] rank {rank} of {ranks}: {CASES} cases passed over {backend}" in done.stdout
+    assert ferrodist_files() <= before  # nothing left in /dev/shm
 
 
-def run_fault(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict[int, dict]]:
+def run_fault(
+    mode: str, tmp_path: Path, backend: str = "tcp"
+) -> tuple[subprocess.CompletedProcess[str], dict[int, dict]]:
+    before = ferrodist_files()
     start = time.monotonic()
-    done = ferrodist_run("-n", "3", "--grace", "10", str(SCRIPTS / "faults.py"), mode, str(tmp_path), timeout=120)
+    script = [str(SCRIPTS / "faults.py"), mode, str(tmp_path), backend]
+    done = ferrodist_run("-n", "3", "--grace", "10", *script, timeout=120)
     took = time.monotonic() - start
     errors = {int(p.stem.removeprefix("error")): json.loads(p.read_text()) for p in tmp_path.glob("error*.json")}
     # No rank outlives the launcher (the launcher reaps its ranks: no zombies either).
@@ -50,23 +67,26 @@ def run_fault(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[st
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert took < 60, f"the job took {took:.1f} s to be torn down"
+    assert ferrodist_files() <= before  # no shared memory left behind, whatever happened
     return done, errors
 
 
-def test_kill_9_mid_all_reduce_makes_survivors_raise_peer_lost_at_once(tmp_path):
-    done, errors = run_fault("kill", tmp_path)
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_kill_9_mid_all_reduce_makes_survivors_raise_peer_lost_at_once(tmp_path, backend):
+    done, errors = run_fault("kill", tmp_path, backend)
     assert done.returncode == 128 + 9
     assert "ferrodist run: rank 1 was killed by SIGKILL" in done.stdout
     assert sorted(errors) == [0, 2]
     for rank, error in errors.items():
         assert error["class"] == "PeerLost", error
         assert error["peer"] == 1
-        assert "rank 1 went away" in error["message"]
+        assert "rank 1" in error["message"]
         assert error["seconds"] < 5, f"rank {rank} took {error['seconds']:.1f} s to notice"
 
 
-def test_a_rank_that_skips_a_collective_is_named_by_every_rank_that_waited(tmp_path):
-    done, errors = run_fault("skip", tmp_path)
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_a_rank_that_skips_a_collective_is_named_by_every_rank_that_waited(tmp_path, backend):
+    done, errors = run_fault("skip", tmp_path, backend)
     assert done.returncode == 1
     assert sorted(errors) == [0, 1]
     for error in errors.values():
@@ -75,8 +95,9 @@ def test_a_rank_that_skips_a_collective_is_named_by_every_rank_that_waited(tmp_p
         assert "ranks that never reached call #1: [2]" in error["message"]
 
 
-def test_mismatched_sizes_are_reported_with_what_each_rank_called(tmp_path):
-    done, errors = run_fault("mismatch", tmp_path)
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_mismatched_sizes_are_reported_with_what_each_rank_called(tmp_path, backend):
+    done, errors = run_fault("mismatch", tmp_path, backend)
     assert done.returncode == 1
     mismatches = [e for e in errors.values() if e["class"] == "CollectiveMismatch"]
     assert mismatches, errors
@@ -123,3 +144,18 @@ def test_a_rank_that_skips_a_collective_times_out_under_mpi_instead_of_hanging(t
     assert error["class"] == "CollectiveTimeout"
     assert error["waiting_for"] == [1]
     assert error["seconds"] < 5
+
+
+def test_the_launcher_removes_shared_memory_a_crashed_job_left(tmp_path):
+    script = tmp_path / "leaky.py"
+    script.write_text(
+        "import os, signal\n"
+        "path = f\"/dev/shm/ferrodist-{os.environ['FERRODIST_JOB_ID']}-left\"\n"
+        "open(path, 'wb').write(b'x')\n"
+        "print(path, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = ferrodist_run("-n", "1", str(script), timeout=60)
+    assert done.returncode == 128 + 9
+    path = done.stdout.split("] ", 1)[1].split()[0]
+    assert path.startswith("/dev/shm/ferrodist-") and not Path(path).exists()

@@ -38,6 +38,7 @@ def test_launch_info_reads_every_launcher(env, expected):
         assert info is None
         return
     assert (info.rank, info.world_size, info.local_rank, info.source, info.master_addr, info.master_port) == expected
+    assert info.single_host == (info.local_world_size == info.world_size)
     assert info.under_mpi == (info.source in ("openmpi", "pmi", "pmix"))
 
 

@@ -26,7 +26,8 @@ from ferrodist.core import FerrodistError
 
 def main() -> None:
     mode, outdir = sys.argv[1], Path(sys.argv[2])
-    dist.init_process_group(sys.argv[3] if len(sys.argv) > 3 else "tcp", timeout=60)
+    backend = sys.argv[3] if len(sys.argv) > 3 else "tcp"
+    dist.init_process_group(backend, timeout=60)
     rank = dist.get_rank()
     (outdir / f"pid{rank}").write_text(str(os.getpid()))
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # survivors report, then leave by themselves
@@ -36,14 +37,16 @@ def main() -> None:
         threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
     if mode == "skip" and rank == dist.get_world_size() - 1:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        time.sleep(60 if len(sys.argv) <= 3 else 4)  # under mpiexec: come back, so MPI can finish
+        time.sleep(4 if backend == "mpi" else 60)  # under mpiexec: come back, so MPI can finish
         return
     if mode == "mismatch" and rank == 1:
         x = x[:999]
+    # Over tcp force the ring (its neighbours are known); over shm use the arena.
+    algorithm = "ring" if backend == "tcp" else None
     start = time.monotonic()
     try:
         for _ in range(50 if mode == "kill" else 1):
-            dist.all_reduce(x, algorithm="ring", timeout=2.0 if mode == "skip" else 30.0)
+            dist.all_reduce(x, algorithm=algorithm, timeout=2.0 if mode == "skip" else 30.0)
     except FerrodistError as exc:
         record = {
             "class": type(exc).__name__,
@@ -53,8 +56,9 @@ def main() -> None:
             "waiting_for": list(getattr(exc, "waiting_for", ())),
         }
         (outdir / f"error{rank}.json").write_text(json.dumps(record))
-        if mode == "skip":
-            time.sleep(1.5)  # rank 0 hosts the store: stay while the others finish their census
+        # Stay a moment: rank 0 hosts the store the others' timeout census uses, and a
+        # survivor that left at once would be the next thing its peers report.
+        time.sleep(1.5)
         sys.exit(1)
     (outdir / f"finished{rank}").write_text("")
 

@@ -5,11 +5,19 @@ from __future__ import annotations
 from urllib.parse import urlparse
 
 from ferrodist.core import BackendUnavailable, InvalidArgument
-from ferrodist.transport import LaunchInfo, MpiTransport, SimulatedTransport, TcpTransport, Transport, launch_info
+from ferrodist.transport import (
+    LaunchInfo,
+    MpiTransport,
+    ShmTransport,
+    SimulatedTransport,
+    TcpTransport,
+    Transport,
+    launch_info,
+)
 
 #: Backends ``init_process_group`` can start ("auto" picks one).
-BACKENDS = ("simulated", "tcp", "mpi")
-_LATER = ("shm", "nccl", "gloo")
+BACKENDS = ("simulated", "tcp", "shm", "mpi")
+_LATER = ("nccl", "gloo")
 
 
 def make_transport(
@@ -26,11 +34,10 @@ def make_transport(
                 "transport=SimulatedTransport.create_group(n)[rank]"
             )
         return SimulatedTransport.create_group(1, timeout=timeout)[0]
-    if backend == "tcp":
+    if backend in ("tcp", "shm"):
         rank, world_size, addr, port = _where(info, rank, world_size, init_method)
-        return TcpTransport.connect(
-            rank=rank, world_size=world_size, master_addr=addr, master_port=port, timeout=timeout
-        )
+        kind = ShmTransport if backend == "shm" else TcpTransport
+        return kind.connect(rank=rank, world_size=world_size, master_addr=addr, master_port=port, timeout=timeout)
     if backend == "mpi":
         return _mpi_transport(info, rank, world_size, timeout)
     if backend in _LATER:
@@ -42,8 +49,9 @@ def make_transport(
 
 
 def _auto(info: LaunchInfo | None, rank: int | None, world_size: int | None, init_method: str | None) -> str:
-    """mpi under mpiexec (when mpi4py is there and no master address is given), tcp for any
-    other job of several ranks, else a simulated world of one."""
+    """mpi under mpiexec (when mpi4py is there and no master address is given), shm when the
+    launcher says every rank is on this host, tcp for any other job of several ranks, else a
+    simulated world of one."""
     size = world_size if world_size is not None else (info.world_size if info else 1)
     if info is not None and info.under_mpi and init_method is None and info.master_addr is None:
         try:
@@ -54,6 +62,8 @@ def _auto(info: LaunchInfo | None, rank: int | None, world_size: int | None, ini
             return "mpi"
     if size == 1 and init_method is None:
         return "simulated"
+    if info is not None and info.single_host and world_size in (None, info.world_size):
+        return "shm"
     return "tcp"
 
 

@@ -280,7 +280,7 @@ class ProcessGroup:
         native = self._native_for(t, reduce_op, algorithm)
         return self._launch(
             "all_reduce",
-            (lambda call: native.all_reduce(x, t.dtype, reduce_op, call.deadline))
+            (lambda call: native.all_reduce(x, t.dtype, reduce_op, call.deadline, call.fingerprint))
             if native
             else (lambda call: engine(call, x, kernel, divisor)),
             fp,
@@ -307,7 +307,7 @@ class ProcessGroup:
         native = self._native_for(t)
         return self._launch(
             "broadcast",
-            (lambda call: native.broadcast(x, root, t.dtype, call.deadline))
+            (lambda call: native.broadcast(x, root, t.dtype, call.deadline, call.fingerprint))
             if native
             else (lambda call: _tree.broadcast(call, x, root)),
             fp,
@@ -344,7 +344,7 @@ class ProcessGroup:
         native = self._native_for(t, reduce_op)
         return self._launch(
             "reduce",
-            (lambda call: native.reduce(x, root, t.dtype, reduce_op, call.deadline))
+            (lambda call: native.reduce(x, root, t.dtype, reduce_op, call.deadline, call.fingerprint))
             if native
             else (lambda call: _tree.reduce(call, x, root, kernel, divisor)),
             fp,
@@ -539,7 +539,7 @@ class ProcessGroup:
         """Return once every rank of the group has entered ``barrier`` (dissemination rounds)."""
         self._checker("barrier")
         native = self._native
-        body = (lambda call: native.barrier(call.deadline)) if native else _tree.barrier
+        body = (lambda call: native.barrier(call.deadline, call.fingerprint)) if native else _tree.barrier
         return self._launch("barrier", body, fingerprint("barrier"), async_op=async_op, timeout=timeout)
 
     # -- point to point ------------------------------------------------------------------------

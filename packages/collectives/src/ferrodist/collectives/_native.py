@@ -1,4 +1,4 @@
-"""Collectives handed to a transport's own implementation (MPI's), with our bookkeeping:
+"""Collectives handed to a transport's own implementation (MPI's, shared memory's), with our bookkeeping:
 blocks passed as separate tensors are packed into one scratch buffer and back."""
 
 from __future__ import annotations
@@ -34,21 +34,21 @@ def unpack(buf: Array, blocks: Blocks) -> None:
 
 def all_gather(native: Any, call: Call, x: Array, blocks: Blocks, dt: Any) -> None:
     out = packed(call, blocks, fill=False)
-    native.all_gather(x, out, dt, call.deadline)
+    native.all_gather(x, out, dt, call.deadline, call.fingerprint)
     unpack(out, blocks)
 
 
 def reduce_scatter(native: Any, call: Call, out: Array, blocks: Blocks, dt: Any, op: Any) -> None:
-    native.reduce_scatter(packed(call, blocks, fill=True), out, dt, op, call.deadline)
+    native.reduce_scatter(packed(call, blocks, fill=True), out, dt, op, call.deadline, call.fingerprint)
 
 
 def gather(native: Any, call: Call, x: Array, blocks: Blocks | None, root: int, dt: Any) -> None:
     out = packed(call, blocks, fill=False) if blocks is not None else None
-    native.gather(x, out, root, dt, call.deadline)
+    native.gather(x, out, root, dt, call.deadline, call.fingerprint)
     if blocks is not None and out is not None:
         unpack(out, blocks)
 
 
 def scatter(native: Any, call: Call, x: Array, blocks: Blocks | None, root: int, dt: Any) -> None:
     source = packed(call, blocks, fill=True) if blocks is not None else None
-    native.scatter(source, x, root, dt, call.deadline)
+    native.scatter(source, x, root, dt, call.deadline, call.fingerprint)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 import signal
@@ -63,7 +64,8 @@ def run(
     """Run ``command`` as ``nprocs`` ranks on this machine and wait for them.
 
     Each rank gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT`` and a fresh random ``FERRODIST_TOKEN``; a command
+    ``MASTER_ADDR``, ``MASTER_PORT``, a fresh random ``FERRODIST_TOKEN`` and a job id
+    ``FERRODIST_JOB_ID`` (shared-memory files of the job are removed at the end); a command
     that is a ``.py`` file runs under this Python. Every output line is prefixed with
     ``[rank k]``. When a rank exits non-zero or dies, the others get SIGTERM, then
     SIGKILL after ``grace`` seconds, and the result names the first rank that failed.
@@ -78,6 +80,7 @@ def run(
     sink = out if out is not None else sys.stdout.buffer
     port = master_port or free_port(master_addr)
     token = secrets.token_hex(32)
+    job = secrets.token_hex(6)  # names the job's shared-memory files, so they can be removed
     lock = threading.Lock()
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
@@ -92,6 +95,7 @@ def run(
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(port),
             FERRODIST_TOKEN=token,
+            FERRODIST_JOB_ID=job,
             PYTHONUNBUFFERED="1",
         )
         try:
@@ -120,6 +124,7 @@ def run(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        remove_shared_memory(job)
     for pump in pumps:
         pump.join(5)
     codes = tuple(int(p.returncode) for p in procs)
@@ -134,6 +139,19 @@ def run(
         sink.write(summary.encode() + b"\n")
         sink.flush()
     return JobResult(exit_code, failed, codes)
+
+
+def remove_shared_memory(job: str, directory: str = "/dev/shm") -> list[str]:
+    """Remove the shared-memory files of ``job`` (ranks unlink them once every rank has
+    them mapped; this catches a job that died before that). Returns what was removed."""
+    removed = []
+    for path in glob.glob(os.path.join(directory, f"ferrodist-{job}-*")):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def _watch(procs: list[subprocess.Popen[bytes]]) -> int | None:

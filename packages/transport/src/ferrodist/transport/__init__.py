@@ -4,6 +4,7 @@ from ._env import LaunchInfo, launch_info
 from ._faults import Faults
 from ._mpi import MpiCollectives, MpiTransport
 from ._protocol import DEFAULT_TIMEOUT, Request, Transport
+from ._shm import ShmCollectives, ShmTransport
 from ._simulated import SimulatedTransport
 from ._store import StoreClient, StoreServer
 from ._tcp import TcpTransport
@@ -15,6 +16,8 @@ __all__ = [
     "MpiCollectives",
     "MpiTransport",
     "Request",
+    "ShmCollectives",
+    "ShmTransport",
     "SimulatedTransport",
     "StoreClient",
     "StoreServer",

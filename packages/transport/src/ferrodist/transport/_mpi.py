@@ -277,12 +277,12 @@ class MpiCollectives:
         others = [r for r in range(self._size) if r != self._rank]
         poll([request], deadline, what, self._global_rank, others)
 
-    def all_reduce(self, x: Buffer, dt: DType, op: ReduceOp, deadline: float) -> None:
+    def all_reduce(self, x: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0) -> None:
         self._finish(self._comm.Iallreduce(mpi().IN_PLACE, self._spec(x, dt), self._op(dt, op)), deadline, "all_reduce")
         if op is ReduceOp.AVG:
             np.divide(x, self._size, out=x)
 
-    def reduce(self, x: Buffer, root: int, dt: DType, op: ReduceOp, deadline: float) -> None:
+    def reduce(self, x: Buffer, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0) -> None:
         if self._rank == root:
             request = self._comm.Ireduce(mpi().IN_PLACE, self._spec(x, dt), self._op(dt, op), root)
         else:
@@ -291,27 +291,33 @@ class MpiCollectives:
         if op is ReduceOp.AVG and self._rank == root:
             np.divide(x, self._size, out=x)
 
-    def broadcast(self, x: Buffer, root: int, dt: DType, deadline: float) -> None:
+    def broadcast(self, x: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0) -> None:
         self._finish(self._comm.Ibcast(self._spec(x, dt), root), deadline, "broadcast")
 
-    def all_gather(self, x: Buffer, out: Buffer, dt: DType, deadline: float) -> None:
+    def all_gather(self, x: Buffer, out: Buffer, dt: DType, deadline: float, fingerprint: int = 0) -> None:
         self._finish(self._comm.Iallgather(self._spec(x, dt), self._spec(out, dt)), deadline, "all_gather")
 
-    def reduce_scatter(self, blocks: Buffer, out: Buffer, dt: DType, op: ReduceOp, deadline: float) -> None:
+    def reduce_scatter(
+        self, blocks: Buffer, out: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0
+    ) -> None:
         request = self._comm.Ireduce_scatter_block(self._spec(blocks, dt), self._spec(out, dt), self._op(dt, op))
         self._finish(request, deadline, "reduce_scatter")
         if op is ReduceOp.AVG:
             np.divide(out, self._size, out=out)
 
-    def gather(self, x: Buffer, out: Buffer | None, root: int, dt: DType, deadline: float) -> None:
+    def gather(
+        self, x: Buffer, out: Buffer | None, root: int, dt: DType, deadline: float, fingerprint: int = 0
+    ) -> None:
         target = self._spec(out, dt) if out is not None else None
         self._finish(self._comm.Igather(self._spec(x, dt), target, root), deadline, "gather")
 
-    def scatter(self, blocks: Buffer | None, out: Buffer, root: int, dt: DType, deadline: float) -> None:
+    def scatter(
+        self, blocks: Buffer | None, out: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0
+    ) -> None:
         source = self._spec(blocks, dt) if blocks is not None else None
         self._finish(self._comm.Iscatter(source, self._spec(out, dt), root), deadline, "scatter")
 
-    def barrier(self, deadline: float) -> None:
+    def barrier(self, deadline: float, fingerprint: int = 0) -> None:
         self._finish(self._comm.Ibarrier(), deadline, "barrier")
 
     def free(self) -> None:

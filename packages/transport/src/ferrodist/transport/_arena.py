@@ -1,0 +1,173 @@
+"""The shared-memory arena of a single-host job: control words and data slots.
+
+One segment per job, created by rank 0 in ``/dev/shm``, attached by every rank, and
+unlinked by rank 0 as soon as all ranks have it mapped, so nothing is left behind even
+if a rank is killed later. Layout:
+
+    control   world x 8 counters, each alone on a 64-byte line (no false sharing);
+              next to each counter, the "sleeping" flag of its owner
+    data      world x slots x chunk bytes: rank r's slot s at r*slots + s
+
+Ranks advance monotonic counters ("I have copied chunk g in", "I have reduced it", ...)
+and wait for each other's: spinning for a few microseconds, then sleeping on a futex, so
+waiting costs no CPU. A waiter wakes at least every few milliseconds to check its
+deadline and whether a peer's connection broke.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError
+
+from . import _futex
+
+__all__ = ["Arena"]
+
+LINE = 64
+COUNTERS = 8
+COPIED, REDUCED, GATHERED, BARRIER, CALL = range(5)
+_SPINS = 200  # checks before sleeping: tens of microseconds
+_NAP = 0.001  # the longest sleep between checks of the deadline and of peers' health
+
+
+class Arena:
+    """A mapped arena; ``slot(r, s)`` is a view of rank r's data slot s."""
+
+    def __init__(self, mapping: mmap.mmap, rank: int, world: int, chunk: int, slots: int) -> None:
+        self._map = mapping
+        self.rank = rank
+        self.world = world
+        self.chunk = chunk
+        self.slots = slots
+        control = world * COUNTERS * LINE
+        words = np.frombuffer(mapping, np.uint64, count=control // 8)
+        self._lines = words.reshape(world, COUNTERS, LINE // 8)  # [rank, counter, word]
+        self._data = np.frombuffer(mapping, np.uint8, offset=control, count=world * slots * chunk)
+        self._base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+        self.chunks = 0  # chunks this rank has gone through (the same sequence on every rank)
+        self.barriers = 0
+
+    @staticmethod
+    def size(world: int, chunk: int, slots: int) -> int:
+        return world * COUNTERS * LINE + world * slots * chunk
+
+    @classmethod
+    def create(cls, path: str, rank: int, world: int, chunk: int, slots: int) -> Arena:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, cls.size(world, chunk, slots))
+            mapping = mmap.mmap(fd, cls.size(world, chunk, slots))
+        finally:
+            os.close(fd)
+        return cls(mapping, rank, world, chunk, slots)
+
+    @classmethod
+    def attach(cls, path: str, rank: int, world: int, chunk: int, slots: int) -> Arena:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mapping = mmap.mmap(fd, cls.size(world, chunk, slots))
+        finally:
+            os.close(fd)
+        return cls(mapping, rank, world, chunk, slots)
+
+    def close(self) -> None:
+        self._lines = None  # type: ignore[assignment]
+        self._data = None  # type: ignore[assignment]
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a view is still alive somewhere: the mapping goes when it does
+
+    # -- data ------------------------------------------------------------------------------------
+    def slot(self, rank: int, index: int, dtype: np.dtype[Any], count: int) -> np.ndarray[Any, Any]:
+        start = (rank * self.slots + index) * self.chunk
+        return self._data[start : start + count * dtype.itemsize].view(dtype)
+
+    # -- synchronisation -----------------------------------------------------------------------
+    def counter(self, rank: int, which: int) -> int:
+        return int(self._lines[rank, which, 0])
+
+    def advance(self, which: int, value: int) -> None:
+        """Publish this rank's counter and wake anyone sleeping on counters of this kind."""
+        self._lines[self.rank, which, 0] = value
+        if self._lines[:, which, 1].any():
+            _futex.wake(self._base + (self.rank * COUNTERS + which) * LINE)
+
+    def publish_call(self, slot: int, fingerprint: int) -> None:
+        """Say which call the chunk in ``slot`` belongs to (before publishing that chunk)."""
+        self._lines[self.rank, CALL, 2 + slot] = fingerprint
+
+    def check_call(self, ranks: range | list[int], slot: int, fingerprint: int) -> None:
+        """After waiting for ``ranks``' chunk in ``slot``: raise if one of them is in another call.
+
+        A slot's fingerprint cannot be overwritten before every rank is done with its chunk,
+        so what is read here is the peer's call for this very chunk.
+        """
+        for peer in ranks:
+            theirs = int(self._lines[peer, CALL, 2 + slot])
+            if fingerprint and theirs and theirs != fingerprint:
+                raise CollectiveMismatch(
+                    f"rank {self.rank}: rank {peer} is in another call than this rank",
+                    rank=self.rank,
+                    peer=peer,
+                    expected=fingerprint,
+                    received=theirs,
+                )
+
+    def wait(
+        self,
+        which: int,
+        target: int,
+        deadline: float,
+        health: Callable[[], None],
+        ranks: range | list[int] | None = None,
+    ) -> None:
+        """Block until the counter ``which`` of every rank in ``ranks`` (default: all) reaches ``target``."""
+        column = self._lines[:, which, 0]
+        members = range(self.world) if ranks is None else ranks
+        spins = 0
+        while True:
+            laggard = -1
+            for peer in members:
+                if column[peer] < target:
+                    laggard = peer
+                    break
+            if laggard < 0:
+                return
+            spins += 1
+            if spins <= _SPINS:
+                if spins % 8 == 0:
+                    os.sched_yield()
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late = [peer for peer in members if column[peer] < target]
+                raise CollectiveTimeout(
+                    f"rank {self.rank}: shared-memory step did not complete in time; ranks {late} had not got there",
+                    rank=self.rank,
+                    waiting_for=tuple(late),
+                )
+            health()
+            seen = int(column[laggard])
+            self._lines[self.rank, which, 1] = 1  # "I may sleep": wakers check this flag
+            if int(column[laggard]) == seen and seen < target:
+                _futex.wait(self._base + (laggard * COUNTERS + which) * LINE, seen, min(left, _NAP))
+            self._lines[self.rank, which, 1] = 0
+
+
+def check_health(lost: dict[int, FerrodistError], context: str) -> Callable[[], None]:
+    """A health check for waits: raise the first recorded peer failure."""
+
+    def health() -> None:
+        for error in list(lost.values()):
+            raise error.with_context(context)
+
+    return health

@@ -1,0 +1,336 @@
+"""``ShmTransport``: a single-host job whose collectives move through shared memory.
+
+Point to point, rendezvous and failure detection are those of ``TcpTransport`` (so a
+rank that dies is noticed at once); whole-world collectives go through the job's
+``Arena``: data is cut into chunks, each chunk passes through small slots that are
+reused, so it stays in cache between the rank that writes it and the ranks that read it,
+and the reductions read all ranks' slots in one fused pass.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ferrodist.core import BackendUnavailable, DType, InvalidArgument, ReduceOp, reducer
+
+from ._arena import BARRIER, COPIED, GATHERED, REDUCED, Arena
+from ._protocol import DEFAULT_TIMEOUT
+from ._tcp import TcpTransport
+
+__all__ = ["ShmCollectives", "ShmTransport"]
+
+Array = np.ndarray[Any, Any]
+
+DEFAULT_CHUNK = 1 << 20  # bytes per slot
+DEFAULT_SLOTS = 2
+SHM_DIR = "/dev/shm"
+
+
+def job_id() -> str:
+    """The launcher's job id (names shared-memory files so it can clean them up)."""
+    return os.environ.get("FERRODIST_JOB_ID") or secrets.token_hex(6)
+
+
+def _split(count: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` consecutive (start, stop) ranges covering ``count`` (sizes differ by at most 1)."""
+    base, extra = divmod(count, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+class ShmCollectives:
+    """The world's collectives through the arena (same interface as ``MpiCollectives``)."""
+
+    def __init__(self, arena: Arena, health: Callable[[], None], global_rank: int) -> None:
+        self._a = arena
+        self._health = health
+        self._rank = global_rank
+
+    @property
+    def size(self) -> int:
+        return self._a.world
+
+    def supports(self, dt: DType, op: ReduceOp | None = None) -> bool:
+        return True
+
+    def free(self) -> None:
+        """Nothing to free: the arena belongs to the transport."""
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _chunk(self, deadline: float, fingerprint: int) -> tuple[int, int]:
+        """Start the next chunk: wait until its slot is free everywhere; returns (g, slot)."""
+        a = self._a
+        g = a.chunks
+        a.chunks += 1
+        slot = g % a.slots
+        if g >= a.slots:
+            a.wait(GATHERED, g - a.slots + 1, deadline, self._health)
+        a.publish_call(slot, fingerprint)
+        return g, slot
+
+    def _wait(self, which: int, g: int, deadline: float, ranks: range | list[int] | None = None) -> None:
+        self._a.wait(which, g + 1, deadline, self._health, ranks)
+
+    def _per(self, dt: DType, parts: int = 1) -> int:
+        per = self._a.chunk // (dt.itemsize * parts)
+        if per < 1:
+            raise InvalidArgument(f"shared-memory chunk of {self._a.chunk} bytes is too small for {dt.name}")
+        return per
+
+    # -- collectives -------------------------------------------------------------------------------
+    def all_reduce(self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0) -> None:
+        a, p, me = self._a, self._a.world, self._a.rank
+        kernel = reducer(dt, op)
+        divisor = float(p) if op is ReduceOp.AVG else 1.0
+        per = self._per(dt)
+        for lo in range(0, x.shape[0], per):
+            m = min(per, x.shape[0] - lo)
+            g, s = self._chunk(deadline, fingerprint)
+            slots = [a.slot(q, s, dt.numpy, m) for q in range(p)]
+            slots[me][...] = x[lo : lo + m]
+            a.advance(COPIED, g + 1)
+            self._wait(COPIED, g, deadline)
+            a.check_call(range(p), s, fingerprint)
+            bounds = _split(m, p)
+            b0, b1 = bounds[me]
+            kernel(slots[me][b0:b1], [slot[b0:b1] for slot in slots], divisor)
+            a.advance(REDUCED, g + 1)
+            self._wait(REDUCED, g, deadline)
+            for q, (c0, c1) in enumerate(bounds):
+                x[lo + c0 : lo + c1] = slots[q][c0:c1]
+            a.advance(GATHERED, g + 1)
+
+    def reduce(self, x: Array, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0) -> None:
+        a, p, me = self._a, self._a.world, self._a.rank
+        kernel = reducer(dt, op)
+        divisor = float(p) if op is ReduceOp.AVG else 1.0
+        per = self._per(dt)
+        for lo in range(0, x.shape[0], per):
+            m = min(per, x.shape[0] - lo)
+            g, s = self._chunk(deadline, fingerprint)
+            slots = [a.slot(q, s, dt.numpy, m) for q in range(p)]
+            slots[me][...] = x[lo : lo + m]
+            a.advance(COPIED, g + 1)
+            self._wait(COPIED, g, deadline)
+            a.check_call(range(p), s, fingerprint)
+            bounds = _split(m, p)
+            b0, b1 = bounds[me]
+            kernel(slots[me][b0:b1], [slot[b0:b1] for slot in slots], divisor)
+            a.advance(REDUCED, g + 1)
+            if me == root:
+                self._wait(REDUCED, g, deadline)
+                for q, (c0, c1) in enumerate(bounds):
+                    x[lo + c0 : lo + c1] = slots[q][c0:c1]
+            a.advance(GATHERED, g + 1)
+
+    def broadcast(self, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0) -> None:
+        a, me = self._a, self._a.rank
+        per = self._per(dt)
+        for lo in range(0, x.shape[0], per):
+            m = min(per, x.shape[0] - lo)
+            g, s = self._chunk(deadline, fingerprint)
+            source = a.slot(root, s, dt.numpy, m)
+            if me == root:
+                source[...] = x[lo : lo + m]
+                a.advance(COPIED, g + 1)
+            else:
+                self._wait(COPIED, g, deadline, [root])
+                a.check_call([root], s, fingerprint)
+                x[lo : lo + m] = source
+            a.advance(GATHERED, g + 1)
+
+    def all_gather(self, x: Array, out: Array, dt: DType, deadline: float, fingerprint: int = 0) -> None:
+        a, p, me = self._a, self._a.world, self._a.rank
+        n = x.shape[0]
+        per = self._per(dt)
+        for lo in range(0, n, per):
+            m = min(per, n - lo)
+            g, s = self._chunk(deadline, fingerprint)
+            a.slot(me, s, dt.numpy, m)[...] = x[lo : lo + m]
+            a.advance(COPIED, g + 1)
+            self._wait(COPIED, g, deadline)
+            a.check_call(range(p), s, fingerprint)
+            for q in range(p):
+                out[q * n + lo : q * n + lo + m] = a.slot(q, s, dt.numpy, m)
+            a.advance(GATHERED, g + 1)
+
+    def reduce_scatter(
+        self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0
+    ) -> None:
+        a, p, me = self._a, self._a.world, self._a.rank
+        kernel = reducer(dt, op)
+        divisor = float(p) if op is ReduceOp.AVG else 1.0
+        n = out.shape[0]
+        per = self._per(dt, parts=p)
+        for lo in range(0, n, per):
+            m = min(per, n - lo)
+            g, s = self._chunk(deadline, fingerprint)
+            mine = a.slot(me, s, dt.numpy, m * p)
+            for q in range(p):  # slot layout: this rank's contribution to rank q, then q+1, ...
+                mine[q * m : (q + 1) * m] = blocks[q * n + lo : q * n + lo + m]
+            a.advance(COPIED, g + 1)
+            self._wait(COPIED, g, deadline)
+            a.check_call(range(p), s, fingerprint)
+            parts = [a.slot(q, s, dt.numpy, m * p)[me * m : (me + 1) * m] for q in range(p)]
+            kernel(out[lo : lo + m], parts, divisor)
+            a.advance(GATHERED, g + 1)
+
+    def gather(self, x: Array, out: Array | None, root: int, dt: DType, deadline: float, fingerprint: int = 0) -> None:
+        a, p, me = self._a, self._a.world, self._a.rank
+        n = x.shape[0]
+        per = self._per(dt)
+        for lo in range(0, n, per):
+            m = min(per, n - lo)
+            g, s = self._chunk(deadline, fingerprint)
+            a.slot(me, s, dt.numpy, m)[...] = x[lo : lo + m]
+            a.advance(COPIED, g + 1)
+            if me == root:
+                assert out is not None
+                self._wait(COPIED, g, deadline)
+                a.check_call(range(p), s, fingerprint)
+                for q in range(p):
+                    out[q * n + lo : q * n + lo + m] = a.slot(q, s, dt.numpy, m)
+            a.advance(GATHERED, g + 1)
+
+    def scatter(
+        self, blocks: Array | None, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0
+    ) -> None:
+        a, p, me = self._a, self._a.world, self._a.rank
+        n = x.shape[0]
+        per = self._per(dt, parts=p)
+        for lo in range(0, n, per):
+            m = min(per, n - lo)
+            g, s = self._chunk(deadline, fingerprint)
+            source = a.slot(root, s, dt.numpy, m * p)
+            if me == root:
+                assert blocks is not None
+                for q in range(p):
+                    source[q * m : (q + 1) * m] = blocks[q * n + lo : q * n + lo + m]
+                a.advance(COPIED, g + 1)
+            else:
+                self._wait(COPIED, g, deadline, [root])
+                a.check_call([root], s, fingerprint)
+            x[lo : lo + m] = source[me * m : (me + 1) * m]
+            a.advance(GATHERED, g + 1)
+
+    def barrier(self, deadline: float, fingerprint: int = 0) -> None:
+        a = self._a
+        a.barriers += 1
+        a.advance(BARRIER, a.barriers)
+        a.wait(BARRIER, a.barriers, deadline, self._health)
+
+
+class ShmTransport(TcpTransport):
+    """``TcpTransport`` plus a shared-memory arena for whole-world collectives.
+
+    All ranks must be on one host; ``connect`` raises ``BackendUnavailable`` otherwise.
+    Sizing: ``FERRODIST_SHM_CHUNK`` bytes per slot (default 1 MiB), ``FERRODIST_SHM_SLOTS``
+    slots per rank (default 2, at most 6).
+    """
+
+    def __init__(self, rank: int, world_size: int, *, timeout: float, max_frame_bytes: int) -> None:
+        super().__init__(rank, world_size, timeout=timeout, max_frame_bytes=max_frame_bytes)
+        self._arena: Arena | None = None
+
+    @classmethod
+    def connect(  # type: ignore[override]
+        cls,
+        *,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        timeout: float = DEFAULT_TIMEOUT,
+        token: bytes | None = None,
+        max_frame_bytes: int | None = None,
+        chunk: int | None = None,
+        slots: int | None = None,
+    ) -> ShmTransport:
+        chunk = chunk or int(os.environ.get("FERRODIST_SHM_CHUNK", DEFAULT_CHUNK))
+        slots = slots or int(os.environ.get("FERRODIST_SHM_SLOTS", DEFAULT_SLOTS))
+        if chunk < 64 or chunk % 64 or not 1 <= slots <= 6:
+            raise InvalidArgument(
+                f"shared memory: chunk must be a positive multiple of 64 bytes and slots 1..6, got {chunk}, {slots}"
+            )
+        self = super().connect(
+            rank=rank,
+            world_size=world_size,
+            master_addr=master_addr,
+            master_port=master_port,
+            timeout=timeout,
+            token=token,
+            max_frame_bytes=max_frame_bytes,
+        )
+        assert isinstance(self, ShmTransport)
+        try:
+            self._arena = self._open_arena(chunk, slots, time.monotonic() + timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _open_arena(self, chunk: int, slots: int, deadline: float) -> Arena:
+        store, rank, world = self.store, self.rank, self.world_size
+        host = f"{socket.gethostname()}/{_boot_id()}"
+        store.set(f"ferrodist/shm/host/{rank}", host)
+        hosts = {store.get(f"ferrodist/shm/host/{r}", timeout=_left(deadline)).decode() for r in range(world)}
+        if len(hosts) > 1:
+            raise BackendUnavailable(
+                f"rank {rank}: the shm backend needs every rank on one host, but they are on {len(hosts)}; "
+                "use backend='tcp' (or 'auto')"
+            )
+        if rank == 0:
+            path = os.path.join(SHM_DIR, f"ferrodist-{job_id()}-{secrets.token_hex(4)}")
+            arena = Arena.create(path, rank, world, chunk, slots)
+            store.set("ferrodist/shm/path", path)
+        else:
+            path = store.get("ferrodist/shm/path", timeout=_left(deadline)).decode()
+            arena = Arena.attach(path, rank, world, chunk, slots)
+        store.set(f"ferrodist/shm/attached/{rank}", b"")
+        if rank == 0:
+            try:
+                store.wait([f"ferrodist/shm/attached/{r}" for r in range(world)], timeout=_left(deadline))
+            finally:
+                os.unlink(path)  # every rank has it mapped: nothing can leak from here on
+        return arena
+
+    def native_collectives(self, ranks: Sequence[int]) -> ShmCollectives | None:
+        """The arena's collectives for the whole world (subgroups use the TCP algorithms)."""
+        if self._arena is None or list(ranks) != list(range(self.world_size)):
+            return None
+        lost = self._lost
+
+        def health() -> None:
+            for error in list(lost.values()):
+                raise error.with_context(f"rank {self.rank}: a peer was lost during a shared-memory collective")
+
+        return ShmCollectives(self._arena, health, self.rank)
+
+    def close(self) -> None:
+        super().close()
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
