@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): Makefile pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q 'pip>=25.1'
-	$(BIN)/python -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)[test]) -e packages/transport[test,mpi] --group dev
+	$(BIN)/python -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)[test]) \
+		-e packages/transport[test,mpi] -e packages/launch[test,bench] --group dev
 	touch $@
 
 demo: $(STAMP)
@@ -24,6 +25,8 @@ bench: $(STAMP)
 	mkdir -p .benchmarks
 	$(BIN)/python -m pytest bench -q --benchmark-only --benchmark-columns=median,iqr,rounds --benchmark-json=.benchmarks/kernels.json
 	$(BIN)/python tools/bench_ratios.py .benchmarks/kernels.json
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ferrodist bench -n 2 --backends shm,tcp,mpi --compare --startup \
+		--json .benchmarks/collectives.json --plot .benchmarks/collectives.png
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

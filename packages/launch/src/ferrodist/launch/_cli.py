@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from ferrodist.core import FerrodistError
 
+from ._bench import OPS, REFERENCES, BenchSpec, machine, startup, sweep
+from ._report import plot, table, write_json
 from ._run import run
 
 
@@ -26,11 +28,67 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--grace", type=float, default=3.0, help="seconds between SIGTERM and SIGKILL on failure")
     start.add_argument("script", help="a .py file (run with this Python) or any command")
     start.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    bench = commands.add_parser(
+        "bench",
+        help="sweep the collectives over sizes and backends (nccl-tests style)",
+        description="Time each collective for sizes from --min-bytes to --max-bytes (x4 steps) on each "
+        "backend; print time, busbw and, with --compare, the ratio of Gloo's and mpi4py's times to ferrodist's.",
+    )
+    bench.add_argument("-n", "--nprocs", type=int, default=2)
+    bench.add_argument("--backends", default="shm,tcp", help="ferrodist backends (shm, tcp, mpi)")
+    bench.add_argument("--ops", default=",".join(OPS))
+    bench.add_argument("--min-bytes", type=int, default=4 << 10)
+    bench.add_argument("--max-bytes", type=int, default=256 << 20)
+    bench.add_argument("--dtype", default="float32")
+    bench.add_argument("--rounds", type=int, default=5)
+    bench.add_argument("--compare", action="store_true", help="also run torch.distributed (Gloo) and mpi4py")
+    bench.add_argument("--startup", action="store_true", help="also time launch + init + one all_reduce")
+    bench.add_argument("--json", default="ferrodist-bench.json", help="where to write the measurements")
+    bench.add_argument("--plot", default="ferrodist-bench.png", help="where to draw busbw against size")
+    bench.add_argument("--no-progress", action="store_true")
     return parser
+
+
+def _bench(args: argparse.Namespace) -> int:
+    sizes = []
+    size = args.min_bytes
+    while size <= args.max_bytes:
+        sizes.append(size)
+        size *= 4
+    libraries = [f"ferrodist:{b.strip()}" for b in args.backends.split(",") if b.strip()]
+    if args.compare:
+        libraries += list(REFERENCES)
+    spec = BenchSpec(
+        nprocs=args.nprocs,
+        libraries=libraries,
+        ops=[op.strip() for op in args.ops.split(",")],
+        sizes=sizes,
+        dtype=args.dtype,
+        rounds=args.rounds,
+    )
+    records = sweep(spec, show_progress=not args.no_progress)
+    for library, why in spec.skipped.items():
+        print(f"skipped {library}: {why}")
+    print(table(records, baseline=libraries[0]))
+    extra: dict[str, object] = {"machine": machine(), "ranks": args.nprocs, "skipped": spec.skipped}
+    if args.startup:
+        launch = startup(args.nprocs)
+        extra["startup_seconds"] = launch
+        print("### launch + init + one all_reduce + exit (median of 5)\n")
+        print("| launcher | seconds |\n|---|---|")
+        for name, seconds in launch.items():
+            print(f"| {name} | {seconds:.2f} |")
+        print()
+    write_json(args.json, records, extra)
+    plot(args.plot, records)
+    print(f"wrote {args.json} and {args.plot}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "bench":
+        return _bench(args)
     try:
         result = run(
             args.nprocs,

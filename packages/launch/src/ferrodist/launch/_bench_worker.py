@@ -1,0 +1,200 @@
+"""One rank of a benchmark job: ``python -m ferrodist.launch._bench_worker LIBRARY OUT SPEC``.
+
+LIBRARY is ``ferrodist:<backend>`` (shm, tcp, mpi), ``gloo`` (torch.distributed) or
+``mpi4py``. SPEC is JSON: ops, sizes (bytes), dtype, rounds, target seconds per round.
+Every rank runs the same sweep; rank 0 writes one JSON line per measurement to OUT and
+prints ``progress <op> <bytes>`` lines for the driver's progress bar.
+
+Each measurement: warm up, then ``rounds`` rounds of (barrier, k back-to-back calls);
+the time of a call is the round's time over k; the median over rounds is reported.
+k is chosen from the warm-up so that a round lasts about ``target`` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+
+
+class _Library:
+    rank: int
+    size: int
+
+    def barrier(self) -> None: ...
+
+    def op(self, name: str, count: int, dtype: str) -> Callable[[], None]: ...
+
+    def close(self) -> None: ...
+
+
+class Ferrodist(_Library):
+    def __init__(self, backend: str) -> None:
+        import ferrodist.collectives as dist
+
+        self._dist = dist
+        world = dist.init_process_group(backend, timeout=600)
+        self.rank, self.size = world.rank, world.size
+
+    def barrier(self) -> None:
+        self._dist.barrier()
+
+    def op(self, name: str, count: int, dtype: str) -> Callable[[], None]:
+        dist, n = self._dist, self.size
+        x = _array(count, dtype)
+        if name == "all_reduce":
+            return lambda: dist.all_reduce(x)
+        if name == "broadcast":
+            return lambda: dist.broadcast(x, 0)
+        if name == "all_gather":  # count = output elements
+            out, mine = _array(count, dtype), _array(count // n, dtype)
+            return lambda: dist.all_gather(out, mine)
+        out = _array(count // n, dtype)  # reduce_scatter: count = input elements
+        return lambda: dist.reduce_scatter(out, x)
+
+    def close(self) -> None:
+        self._dist.destroy_process_group()
+
+
+class Gloo(_Library):
+    def __init__(self) -> None:
+        import torch
+        import torch.distributed as tdist
+
+        self._torch, self._dist = torch, tdist
+        tdist.init_process_group("gloo")
+        self.rank, self.size = tdist.get_rank(), tdist.get_world_size()
+
+    def barrier(self) -> None:
+        self._dist.barrier()
+
+    def op(self, name: str, count: int, dtype: str) -> Callable[[], None]:
+        torch, dist, n = self._torch, self._dist, self.size
+        kind = getattr(torch, dtype)
+        x = torch.ones(count, dtype=kind)
+        if name == "all_reduce":
+            return lambda: dist.all_reduce(x)
+        if name == "broadcast":
+            return lambda: dist.broadcast(x, 0)
+        if name == "all_gather":
+            out, mine = torch.ones(count, dtype=kind), torch.ones(count // n, dtype=kind)
+            return lambda: dist.all_gather_into_tensor(out, mine)
+        out = torch.ones(count // n, dtype=kind)
+        return lambda: dist.reduce_scatter_tensor(out, x)
+
+    def close(self) -> None:
+        self._dist.destroy_process_group()
+
+
+class Mpi4py(_Library):
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self._comm = MPI.COMM_WORLD
+        self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
+
+    def barrier(self) -> None:
+        self._comm.Barrier()
+
+    def op(self, name: str, count: int, dtype: str) -> Callable[[], None]:
+        comm, MPI, n = self._comm, self._MPI, self.size
+        x = _array(count, dtype)
+        if name == "all_reduce":
+            return lambda: comm.Allreduce(MPI.IN_PLACE, x, MPI.SUM)
+        if name == "broadcast":
+            return lambda: comm.Bcast(x, 0)
+        if name == "all_gather":
+            out, mine = _array(count, dtype), _array(count // n, dtype)
+            return lambda: comm.Allgather(mine, out)
+        out = _array(count // n, dtype)
+        return lambda: comm.Reduce_scatter_block(x, out, MPI.SUM)
+
+    def close(self) -> None:
+        pass
+
+
+def _array(count: int, dtype: str) -> np.ndarray[Any, Any]:
+    from ferrodist.core import dtype as ferrodist_dtype
+
+    return np.ones(count, ferrodist_dtype(dtype).numpy)
+
+
+def _library(name: str) -> _Library:
+    if name.startswith("ferrodist:"):
+        return Ferrodist(name.split(":", 1)[1])
+    if name == "gloo":
+        return Gloo()
+    if name == "mpi4py":
+        return Mpi4py()
+    raise SystemExit(f"unknown library {name!r}")
+
+
+def main() -> None:
+    name, out_path, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    lib = _library(name)
+    itemsize = int(np.dtype(_array(1, spec["dtype"]).dtype).itemsize)
+    records = []
+    for op_name in spec["ops"]:
+        for nbytes in spec["sizes"]:
+            count = max(lib.size, nbytes // itemsize // lib.size * lib.size)
+            call = lib.op(op_name, count, spec["dtype"])
+            lib.barrier()
+            start = time.perf_counter()
+            call()
+            call()
+            once = max((time.perf_counter() - start) / 2, 1e-6)
+            # Every rank must agree on k: take it from rank 0's estimate, rounded the same way.
+            k = max(1, min(1000, int(spec["target"] / once)))
+            k = _agree(lib, k)
+            times = []
+            for _ in range(spec["rounds"]):
+                lib.barrier()
+                start = time.perf_counter()
+                for _ in range(k):
+                    call()
+                times.append((time.perf_counter() - start) / k)
+            if lib.rank == 0:
+                records.append(
+                    {
+                        "library": name,
+                        "op": op_name,
+                        "bytes": count * itemsize,
+                        "seconds": statistics.median(times),
+                        "calls_per_round": k,
+                        "rounds": spec["rounds"],
+                        "ranks": lib.size,
+                        "dtype": spec["dtype"],
+                    }
+                )
+                print(f"progress {op_name} {nbytes}", flush=True)
+    lib.barrier()
+    if lib.rank == 0:
+        with open(out_path, "w") as out:
+            for record in records:
+                out.write(json.dumps(record) + "\n")
+    lib.close()
+
+
+def _agree(lib: _Library, k: int) -> int:
+    """The same k on every rank: rank 0's (each library broadcasts it its own way)."""
+    value = np.array([k], np.int64)
+    if isinstance(lib, Ferrodist):
+        lib._dist.broadcast(value, 0)
+    elif isinstance(lib, Gloo):
+        tensor = lib._torch.from_numpy(value)
+        lib._dist.broadcast(tensor, 0)
+    elif isinstance(lib, Mpi4py):
+        lib._comm.Bcast(value, 0)
+    return int(value[0])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Tables, JSON and the busbw plot of a ``ferrodist bench`` run."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ._bench import busbw
+
+__all__ = ["plot", "table", "write_json"]
+
+
+def _size(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024:
+            return f"{nbytes} {unit}"
+        nbytes //= 1024
+    return f"{nbytes} TiB"
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
+def table(records: Sequence[dict[str, Any]], baseline: str | None = None) -> str:
+    """One Markdown table per collective: time and busbw per library, and each other
+    library's time divided by ``baseline``'s (>1: the baseline is faster)."""
+    libraries = list(dict.fromkeys(r["library"] for r in records))
+    baseline = baseline if baseline in libraries else (libraries[0] if libraries else None)
+    others = [lib for lib in libraries if lib != baseline]
+    out = []
+    for op in dict.fromkeys(r["op"] for r in records):
+        rows = [r for r in records if r["op"] == op]
+        by = {(r["library"], r["bytes"]): r for r in rows}
+        sizes = sorted({r["bytes"] for r in rows})
+        head = ["size"] + [f"{lib} time" for lib in libraries] + [f"{lib} busbw GB/s" for lib in libraries]
+        head += [f"{lib} / {baseline}" for lib in others]
+        out.append(f"### {op} ({rows[0]['ranks']} ranks, {rows[0]['dtype']})\n")
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "---|" * len(head))
+        for nbytes in sizes:
+            cells = [_size(nbytes)]
+            cells += [_time(by[(lib, nbytes)]["seconds"]) if (lib, nbytes) in by else "-" for lib in libraries]
+            for lib in libraries:
+                r = by.get((lib, nbytes))
+                cells.append(f"{busbw(op, nbytes, r['seconds'], r['ranks']):.2f}" if r else "-")
+            base = by.get((baseline, nbytes)) if baseline else None
+            for lib in others:
+                r = by.get((lib, nbytes))
+                cells.append(f"{r['seconds'] / base['seconds']:.2f}x" if r and base else "-")
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def write_json(path: str, records: Sequence[dict[str, Any]], extra: dict[str, Any]) -> None:
+    enriched = [dict(r, busbw_gbps=busbw(r["op"], r["bytes"], r["seconds"], r["ranks"])) for r in records]
+    with open(path, "w") as out:
+        json.dump({**extra, "records": enriched}, out, indent=1)
+
+
+def plot(path: str, records: Sequence[dict[str, Any]]) -> None:
+    """busbw against size, one panel per collective, one line per library (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = list(dict.fromkeys(r["op"] for r in records))
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.5 * len(ops), 3.8), squeeze=False)
+    for ax, op in zip(axes[0], ops, strict=True):
+        for lib in dict.fromkeys(r["library"] for r in records):
+            rows = sorted((r for r in records if r["op"] == op and r["library"] == lib), key=lambda r: r["bytes"])
+            if rows:
+                ax.plot(
+                    [r["bytes"] for r in rows],
+                    [busbw(op, r["bytes"], r["seconds"], r["ranks"]) for r in rows],
+                    marker="o",
+                    label=lib,
+                )
+        ax.set_xscale("log", base=2)
+        ax.set_title(op)
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

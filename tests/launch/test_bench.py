@@ -1,0 +1,77 @@
+"""`ferrodist bench`: formulas, report, and a small real sweep with the comparison libraries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ferrodist.launch._bench import available, busbw
+from ferrodist.launch._report import table
+
+
+def test_busbw_follows_nccl_tests():
+    # 1 GB in 1 s on 4 ranks: algbw 1 GB/s.
+    assert busbw("all_reduce", 10**9, 1.0, 4) == pytest.approx(1.5)
+    assert busbw("broadcast", 10**9, 1.0, 4) == pytest.approx(1.0)
+    assert busbw("all_gather", 10**9, 1.0, 4) == pytest.approx(0.75)
+    assert busbw("reduce_scatter", 10**9, 1.0, 4) == pytest.approx(0.75)
+
+
+def test_table_shows_times_bandwidths_and_ratios_to_the_baseline():
+    records = [
+        {
+            "library": "ferrodist:shm",
+            "op": "all_reduce",
+            "bytes": 4096,
+            "seconds": 20e-6,
+            "ranks": 2,
+            "dtype": "float32",
+        },
+        {"library": "gloo", "op": "all_reduce", "bytes": 4096, "seconds": 600e-6, "ranks": 2, "dtype": "float32"},
+    ]
+    text = table(records, baseline="ferrodist:shm")
+    assert "| 4 KiB | 20.0 us | 600.0 us | 0.20 | 0.01 | 30.00x |" in text
+    assert "gloo / ferrodist:shm" in text
+
+
+def test_a_small_sweep_against_the_references(tmp_path):
+    out, picture = tmp_path / "bench.json", tmp_path / "bench.png"
+    command = [
+        sys.executable,
+        "-m",
+        "ferrodist.launch",
+        "bench",
+        "-n",
+        "2",
+        "--backends",
+        "shm,tcp",
+        "--compare",
+        "--ops",
+        "all_reduce,broadcast",
+        "--min-bytes",
+        "4096",
+        "--max-bytes",
+        "16384",
+        "--rounds",
+        "1",
+        "--json",
+        str(out),
+        "--plot",
+        str(picture),
+        "--no-progress",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(out.read_text())
+    libraries = {r["library"] for r in data["records"]}
+    expected = {"ferrodist:shm", "ferrodist:tcp"} | {lib for lib in ("gloo", "mpi4py") if available(lib) is None}
+    assert libraries == expected
+    assert {r["op"] for r in data["records"]} == {"all_reduce", "broadcast"}
+    assert all(r["seconds"] > 0 and r["busbw_gbps"] > 0 for r in data["records"])
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "### all_reduce (2 ranks, float32)" in done.stdout
+    for lib in expected - {"ferrodist:shm"}:
+        assert f"{lib} / ferrodist:shm" in done.stdout
