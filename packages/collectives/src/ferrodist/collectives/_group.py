@@ -15,6 +15,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from ferrodist.core import (
     CollectiveMismatch,
     CollectiveTimeout,
@@ -73,12 +75,14 @@ class ProcessGroup:
         self._global_rank = transport.rank
         self._rank = self._ranks.index(self._global_rank) if self._global_rank in self._ranks else None
         self._seq = itertools.count()
-        self._seq_lock = threading.Lock()
         self._scratch = Scratch()
         self._worker: Worker | None = None
         self._worker_lock = threading.Lock()
         self._child_ids = itertools.count(1)  # ids of the groups new_group derives from this one
         self._children: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
+        # (numpy dtype, op as given, element count) -> (DType, ReduceOp, fingerprint) of
+        # all_reduce calls already validated once: later ones skip straight to the transport.
+        self._fast_plans: dict[tuple[Any, Any, int], tuple[Any, ReduceOp, int]] = {}
         self._destroyed = False
 
     # -- identity ------------------------------------------------------------------------------
@@ -180,12 +184,8 @@ class ProcessGroup:
         """
         rank = self._member_rank(operation)
         limit = self._limit(timeout, operation)
-        with self._seq_lock:
-            seq = next(self._seq)
+        seq = next(self._seq)  # itertools.count: atomic under the GIL
         tag = collective_tag(self._group_id, seq)
-        context = (
-            f"rank {self._global_rank}: {operation} #{seq} on group {self._name} (group rank {rank} of {self.size})"
-        )
 
         def run() -> None:
             call = Call(self._transport, self._ranks, rank, tag, time.monotonic() + limit, self._scratch, fp)
@@ -194,24 +194,7 @@ class ProcessGroup:
                     check_agreement(call, shape)
                 body(call)
             except FerrodistError as exc:
-                framed = exc.with_context(context, rank=self._global_rank, operation=operation)
-                if isinstance(exc, CollectiveMismatch) and exc.received:
-                    framed.args = (
-                        f"{context}: rank {exc.peer} is in {describe(exc.received)} while this rank is in "
-                        f"{describe(exc.expected)}: every rank must make the same collective calls in the "
-                        "same order with the same dtype, size, op and root",
-                    )
-                elif isinstance(exc, CollectiveTimeout):
-                    absent = absent_ranks(self._transport, self._group_id, seq, self._ranks, min(1.0, limit))
-                    if absent:
-                        framed.args = (f"{framed.message}; ranks that never reached call #{seq}: {absent}",)
-                        framed.waiting_for = tuple(absent)  # type: ignore[attr-defined]
-                    elif absent == []:
-                        framed.args = (
-                            f"{framed.message}; every rank reached call #{seq}, so a transfer inside it is "
-                            "stuck or too slow for the timeout",
-                        )
-                raise framed.with_traceback(exc.__traceback__) from None
+                raise self._frame(exc, operation, seq, limit).with_traceback(exc.__traceback__) from None
 
         if not async_op:
             run()
@@ -219,6 +202,32 @@ class ProcessGroup:
         work = Work(f"{operation} #{seq} on group {self._name}")
         self._get_worker().submit(run, work)
         return work
+
+    def _frame(self, exc: FerrodistError, operation: str, seq: int, limit: float) -> FerrodistError:
+        """``exc`` with the call's context: the rank, the operation, its number, the group;
+        what each rank called for a mismatch; the ranks that never arrived for a timeout."""
+        context = (
+            f"rank {self._global_rank}: {operation} #{seq} on group {self._name} "
+            f"(group rank {self._rank} of {self.size})"
+        )
+        framed = exc.with_context(context, rank=self._global_rank, operation=operation)
+        if isinstance(exc, CollectiveMismatch) and exc.received:
+            framed.args = (
+                f"{context}: rank {exc.peer} is in {describe(exc.received)} while this rank is in "
+                f"{describe(exc.expected)}: every rank must make the same collective calls in the "
+                "same order with the same dtype, size, op and root",
+            )
+        elif isinstance(exc, CollectiveTimeout):
+            absent = absent_ranks(self._transport, self._group_id, seq, self._ranks, min(1.0, limit))
+            if absent:
+                framed.args = (f"{framed.message}; ranks that never reached call #{seq}: {absent}",)
+                framed.waiting_for = tuple(absent)  # type: ignore[attr-defined]
+            elif absent == []:
+                framed.args = (
+                    f"{framed.message}; every rank reached call #{seq}, so a transfer inside it is "
+                    "stuck or too slow for the timeout",
+                )
+        return framed
 
     def _limit(self, timeout: float | None, operation: str) -> float:
         if timeout is None:
@@ -236,6 +245,17 @@ class ProcessGroup:
             if self._worker is None:
                 self._worker = Worker(f"ferrodist-{self._name}-rank{self._global_rank}")
             return self._worker
+
+    def _fast_all_reduce(self, native: Any, x: np.ndarray[Any, Any], dt: Any, op: ReduceOp, fp: int) -> None:
+        """all_reduce of a plain contiguous numpy array on the transport's own collectives,
+        with everything a previous call of this dtype, op and size validated already."""
+        if self._destroyed:
+            self._member_rank("all_reduce")  # raises
+        seq = next(self._seq)
+        try:
+            native.all_reduce(x.reshape(-1), dt, op, time.monotonic() + self._timeout, fp)
+        except FerrodistError as exc:
+            raise self._frame(exc, "all_reduce", seq, self._timeout).with_traceback(exc.__traceback__) from None
 
     def _native_for(self, t: Tensor, op: ReduceOp | None = None, algorithm: str | None = None) -> Any:
         """The transport's own collectives when they can do this call (and the caller did
@@ -268,6 +288,12 @@ class ProcessGroup:
             x = np.array([rank + 1, 10 * (rank + 1)])   # rank 0: [1, 10]  rank 1: [2, 20]
             group.all_reduce(x, ReduceOp.MAX)            # rank 0: [2, 20]  rank 1: [2, 20]
         """
+        native = self._native
+        if native is not None and type(tensor) is np.ndarray and not (async_op or timeout or algorithm or self._debug):
+            plan = self._fast_plans.get((tensor.dtype, op, tensor.size))
+            if plan is not None and tensor.flags.c_contiguous and tensor.flags.writeable:
+                self._fast_all_reduce(native, tensor, *plan)
+                return None
         check = self._checker("all_reduce")
         t = check.tensor(tensor, writeable=True)
         reduce_op = check.op(op, t)
@@ -278,6 +304,8 @@ class ProcessGroup:
         x = t.flat()
         fp = fingerprint("all_reduce", t.dtype, t.numel, reduce_op)
         native = self._native_for(t, reduce_op, algorithm)
+        if native is not None and not self._debug:
+            self._fast_plans[(t.numpy().dtype, op, t.numel)] = (t.dtype, reduce_op, fp)
         return self._launch(
             "all_reduce",
             (lambda call: native.all_reduce(x, t.dtype, reduce_op, call.deadline, call.fingerprint))

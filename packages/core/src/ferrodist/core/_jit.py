@@ -15,7 +15,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["jit", "f32_from_bits", "bits_from_f32"]
+__all__ = ["bits_from_f32", "f32_from_bits", "jit", "load_acquire", "store_release"]
 
 
 def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
@@ -56,5 +56,43 @@ def bits_from_f32(typingctx: Any, value: Any) -> Any:
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         as_int = builder.bitcast(args[0], ir.IntType(32))
         return builder.zext(as_int, ir.IntType(64))
+
+    return sig, codegen
+
+
+def _element_pointer(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    from numba.core import cgutils
+
+    array_type = signature.args[0]
+    array = context.make_array(array_type)(context, builder, args[0])
+    return cgutils.get_item_pointer(context, builder, array_type, array, [args[1]], wraparound=False)
+
+
+@intrinsic
+def load_acquire(typingctx: Any, array: Any, index: Any) -> Any:
+    """Atomic load (acquire) of ``array[index]`` for a uint64 array: never hoisted out of a
+    spin loop, and later reads cannot move before it (words shared between processes)."""
+    if not (isinstance(array, types.Array) and array.dtype == types.uint64 and isinstance(index, types.Integer)):
+        return None
+    sig = types.uint64(array, index)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.load_atomic(_element_pointer(context, builder, signature, args), "acquire", 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def store_release(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
+    """Atomic store (release) to ``array[index]`` of a uint64 array: earlier writes (the
+    data it announces) are visible to any process that sees this value."""
+    if not (isinstance(array, types.Array) and array.dtype == types.uint64 and isinstance(index, types.Integer)):
+        return None
+    sig = types.void(array, index, value)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        word = context.cast(builder, args[2], signature.args[2], types.uint64)
+        builder.store_atomic(word, _element_pointer(context, builder, signature, args), "release", 8)
+        return context.get_dummy_value()
 
     return sig, codegen

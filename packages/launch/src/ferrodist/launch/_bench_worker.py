@@ -17,14 +17,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 
 
-class _Library:
+class _Library(Protocol):
     rank: int
     size: int
 

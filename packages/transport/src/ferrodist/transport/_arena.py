@@ -28,13 +28,14 @@ import numpy as np
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError
 
 from . import _futex
+from ._spin import first_different, publish, spin_until
 
 __all__ = ["Arena"]
 
 LINE = 64
 COUNTERS = 8
 COPIED, REDUCED, GATHERED, BARRIER, CALL = range(5)
-_SPINS = 200  # checks before sleeping: tens of microseconds
+_WORDS_PER_LINE = LINE // 8
 _NAP = 0.001  # the longest sleep between checks of the deadline and of peers' health
 
 
@@ -48,8 +49,10 @@ class Arena:
         self.chunk = chunk
         self.slots = slots
         control = world * COUNTERS * LINE
-        words = np.frombuffer(mapping, np.uint64, count=control // 8)
-        self._lines = words.reshape(world, COUNTERS, LINE // 8)  # [rank, counter, word]
+        self._words = np.frombuffer(mapping, np.uint64, count=control // 8)
+        self._lines = self._words.reshape(world, COUNTERS, LINE // 8)  # [rank, counter, word]
+        # Spin long when every rank has a core; briefly when ranks share cores (oversubscribed).
+        self._spins = 4000 if world <= (os.cpu_count() or 1) else 64
         self._data = np.frombuffer(mapping, np.uint8, offset=control, count=world * slots * chunk)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
         self.chunks = 0  # chunks this rank has gone through (the same sequence on every rank)
@@ -97,9 +100,9 @@ class Arena:
 
     def advance(self, which: int, value: int) -> None:
         """Publish this rank's counter and wake anyone sleeping on counters of this kind."""
-        self._lines[self.rank, which, 0] = value
-        if self._lines[:, which, 1].any():
-            _futex.wake(self._base + (self.rank * COUNTERS + which) * LINE)
+        index = (self.rank * COUNTERS + which) * _WORDS_PER_LINE
+        if publish(self._words, index, value, COUNTERS * _WORDS_PER_LINE, which * _WORDS_PER_LINE + 1, self.world):
+            _futex.wake(self._base + index * 8)
 
     def publish_call(self, slot: int, fingerprint: int) -> None:
         """Say which call the chunk in ``slot`` belongs to (before publishing that chunk)."""
@@ -111,16 +114,18 @@ class Arena:
         A slot's fingerprint cannot be overwritten before every rank is done with its chunk,
         so what is read here is the peer's call for this very chunk.
         """
-        for peer in ranks:
-            theirs = int(self._lines[peer, CALL, 2 + slot])
-            if fingerprint and theirs and theirs != fingerprint:
-                raise CollectiveMismatch(
-                    f"rank {self.rank}: rank {peer} is in another call than this rank",
-                    rank=self.rank,
-                    peer=peer,
-                    expected=fingerprint,
-                    received=theirs,
-                )
+        if not fingerprint:
+            return
+        offset = CALL * _WORDS_PER_LINE + 2 + slot
+        peer = first_different(self._words, COUNTERS * _WORDS_PER_LINE, offset, ranks[0], ranks[-1] + 1, fingerprint)
+        if peer >= 0:
+            raise CollectiveMismatch(
+                f"rank {self.rank}: rank {peer} is in another call than this rank",
+                rank=self.rank,
+                peer=peer,
+                expected=fingerprint,
+                received=int(self._lines[peer, CALL, 2 + slot]),
+            )
 
     def wait(
         self,
@@ -130,26 +135,20 @@ class Arena:
         health: Callable[[], None],
         ranks: range | list[int] | None = None,
     ) -> None:
-        """Block until the counter ``which`` of every rank in ``ranks`` (default: all) reaches ``target``."""
+        """Block until the counter ``which`` of every rank in ``ranks`` (default: all) reaches ``target``.
+
+        ``ranks``: all ranks, or a list of one rank.
+        """
+        first, stop = (0, self.world) if ranks is None else (ranks[0], ranks[-1] + 1)
+        stride, offset = COUNTERS * _WORDS_PER_LINE, which * _WORDS_PER_LINE
         column = self._lines[:, which, 0]
-        members = range(self.world) if ranks is None else ranks
-        spins = 0
         while True:
-            laggard = -1
-            for peer in members:
-                if column[peer] < target:
-                    laggard = peer
-                    break
+            laggard = spin_until(self._words, stride, offset, first, stop, target, self._spins)
             if laggard < 0:
                 return
-            spins += 1
-            if spins <= _SPINS:
-                if spins % 8 == 0:
-                    os.sched_yield()
-                continue
             left = deadline - time.monotonic()
             if left <= 0:
-                late = [peer for peer in members if column[peer] < target]
+                late = [peer for peer in range(first, stop) if column[peer] < target]
                 raise CollectiveTimeout(
                     f"rank {self.rank}: shared-memory step did not complete in time; ranks {late} had not got there",
                     rank=self.rank,

@@ -56,6 +56,7 @@ class ShmCollectives:
         self._a = arena
         self._health = health
         self._rank = global_rank
+        self._plans: dict[tuple[str, int, int], tuple[list[list[Array]], Any, float]] = {}
 
     @property
     def size(self) -> int:
@@ -82,6 +83,19 @@ class ShmCollectives:
     def _wait(self, which: int, g: int, deadline: float, ranks: range | list[int] | None = None) -> None:
         self._a.wait(which, g + 1, deadline, self._health, ranks)
 
+    def _small_plan(self, dt: DType, op: ReduceOp, count: int) -> tuple[list[list[Array]], Any, float]:
+        """Slot views (per slot, per rank), kernel and divisor of a one-chunk all_reduce,
+        made once per (dtype, op, count): the small-message path does no other set-up."""
+        key = (dt.name, op.value, count)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 256:
+                self._plans.clear()
+            a = self._a
+            views = [[a.slot(q, s, dt.numpy, count) for q in range(a.world)] for s in range(a.slots)]
+            plan = self._plans[key] = (views, reducer(dt, op), float(a.world) if op is ReduceOp.AVG else 1.0)
+        return plan
+
     def _per(self, dt: DType, parts: int = 1) -> int:
         per = self._a.chunk // (dt.itemsize * parts)
         if per < 1:
@@ -90,7 +104,20 @@ class ShmCollectives:
 
     # -- collectives -------------------------------------------------------------------------------
     def all_reduce(self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0) -> None:
+        """Small messages: every rank publishes its data and reduces all of it (one sync).
+        Larger: per chunk, reduce-scatter through the slots, then gather (bandwidth-optimal)."""
         a, p, me = self._a, self._a.world, self._a.rank
+        if 0 < x.nbytes and x.nbytes * p <= 2 * a.chunk:
+            views, kernel, divisor = self._small_plan(dt, op, x.shape[0])
+            g, s = self._chunk(deadline, fingerprint)
+            slots = views[s]
+            slots[me][...] = x
+            a.advance(COPIED, g + 1)
+            self._wait(COPIED, g, deadline)
+            a.check_call(range(p), s, fingerprint)
+            kernel(x, slots, divisor)  # every rank reduces the same sources in the same order
+            a.advance(GATHERED, g + 1)
+            return
         kernel = reducer(dt, op)
         divisor = float(p) if op is ReduceOp.AVG else 1.0
         per = self._per(dt)
