@@ -10,6 +10,7 @@ backoff) until it completes or the deadline passes, so a missing rank gives
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,8 +31,8 @@ from ._protocol import DEFAULT_TIMEOUT
 
 __all__ = ["MpiCollectives", "MpiTransport", "mpi"]
 
-_SPINS = 200  # Test() calls before the first sleep (a few tens of microseconds)
-_MAX_NAP = 0.002
+_BUSY = 0.02  # seconds of back-to-back Test() calls before napping
+_MAX_NAP = 0.0005
 
 
 def mpi() -> Any:
@@ -47,22 +48,30 @@ def mpi() -> Any:
 
 
 def poll(requests: Sequence[Any], deadline: float, what: str, rank: int, peers: Sequence[int]) -> None:
-    """Complete MPI ``requests`` before ``deadline``; ``CollectiveTimeout`` naming ``peers`` if not."""
+    """Complete MPI ``requests`` before ``deadline``; ``CollectiveTimeout`` naming ``peers`` if not.
+
+    MPI's non-blocking collectives only make progress inside MPI calls, so for the first
+    ``_BUSY`` seconds this calls Test back to back (yielding the CPU between calls, as MPI's
+    own blocking calls spin); after that it naps between Tests, at most ``_MAX_NAP`` each, so
+    a rank waiting for an absent peer uses little CPU.
+    """
     MPI = mpi()
-    for _ in range(_SPINS):
-        if MPI.Request.Testall(list(requests)):
-            return
+    pending = list(requests)
+    busy_until = time.monotonic() + _BUSY
     nap = 20e-6
-    while not MPI.Request.Testall(list(requests)):
-        left = deadline - time.monotonic()
-        if left <= 0:
+    while not MPI.Request.Testall(pending):
+        now = time.monotonic()
+        if now >= deadline:
             raise CollectiveTimeout(
                 f"rank {rank}: {what} did not complete in time; waiting on ranks {list(peers)}",
                 rank=rank,
                 waiting_for=tuple(peers),
             )
-        time.sleep(min(nap, left))
-        nap = min(nap * 2, _MAX_NAP)
+        if now < busy_until:
+            os.sched_yield()
+        else:
+            time.sleep(min(nap, deadline - now))
+            nap = min(nap * 2, _MAX_NAP)
 
 
 def _mpi_tag(tag: int, payload: bool) -> int:
