@@ -63,8 +63,10 @@ def _mpiexec_args() -> list[str]:
     return args
 
 
-def available(library: str) -> str | None:
-    """Why ``library`` cannot run here, or ``None`` if it can."""
+def available(library: str, dtype: str = "float32") -> str | None:
+    """Why ``library`` cannot run here (or not with ``dtype``), or ``None`` if it can."""
+    if library == "mpi4py" and dtype in ("bfloat16", "float16"):
+        return f"MPI has no {dtype} reductions"
     uses_mpi = library in ("ferrodist:mpi", "mpi4py")
     if uses_mpi:
         try:
@@ -142,7 +144,7 @@ def sweep(spec: BenchSpec, *, show_progress: bool = True) -> list[dict[str, Any]
     """Run every library of ``spec`` and return all measurements (skipping what cannot run)."""
     runnable = []
     for library in spec.libraries:
-        why = available(library)
+        why = available(library, spec.dtype)
         if why is None:
             runnable.append(library)
         else:
@@ -176,7 +178,8 @@ def _bar(total: int, show: bool) -> Any:
 
 
 def startup(nprocs: int = 2, repeats: int = 5) -> dict[str, float]:
-    """Median wall time of launch + init + one all_reduce + exit, per launcher."""
+    """Median wall time of launch + init + one all_reduce + exit, per launcher (ferrodist's with
+    its Numba cache warm, and once with it empty)."""
     ferrodist_script = (
         "import numpy as np, ferrodist.collectives as d; d.init_process_group(); x = np.ones(4); "
         "d.all_reduce(x); assert x[0] == d.get_world_size(); d.destroy_process_group()"
@@ -219,18 +222,24 @@ def startup(nprocs: int = 2, repeats: int = 5) -> dict[str, float]:
         commands["mpiexec + mpi4py"] = [mpiexec, *_mpiexec_args(), "-n", str(nprocs), sys.executable, "-c", mpi_script]
     result = {}
     for name, command in commands.items():
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            done = subprocess.run(command, capture_output=True, timeout=300)
-            times.append(time.perf_counter() - start)
-            if done.returncode != 0:
-                raise RuntimeError(
-                    f"ferrodist bench --startup: {name} failed:\n{done.stdout.decode()[-2000:]}"
-                    f"{done.stderr.decode()[-2000:]}"
-                )
-        result[name] = statistics.median(times)
+        result[name] = statistics.median(_timed(name, command) for _ in range(repeats))
+    # Once more with an empty Numba cache: every kernel the run needs is compiled first.
+    with tempfile.TemporaryDirectory(prefix="ferrodist-cold-cache-") as cache:
+        result["ferrodist run (cold Numba cache)"] = _timed(
+            "ferrodist run (cold)", commands["ferrodist run"], {**os.environ, "NUMBA_CACHE_DIR": cache}
+        )
     return result
+
+
+def _timed(name: str, command: list[str], env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, timeout=300, env=env)
+    took = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"ferrodist bench --startup: {name} failed:\n{done.stdout.decode()[-2000:]}{done.stderr.decode()[-2000:]}"
+        )
+    return took
 
 
 def machine() -> dict[str, Any]:
