@@ -118,27 +118,16 @@ class ShmCollectives:
             kernel(x, slots, divisor)  # every rank reduces the same sources in the same order
             a.advance(GATHERED, g + 1)
             return
-        kernel = reducer(dt, op)
-        divisor = float(p) if op is ReduceOp.AVG else 1.0
-        per = self._per(dt)
-        for lo in range(0, x.shape[0], per):
-            m = min(per, x.shape[0] - lo)
-            g, s = self._chunk(deadline, fingerprint)
-            slots = [a.slot(q, s, dt.numpy, m) for q in range(p)]
-            slots[me][...] = x[lo : lo + m]
-            a.advance(COPIED, g + 1)
-            self._wait(COPIED, g, deadline)
-            a.check_call(range(p), s, fingerprint)
-            bounds = _split(m, p)
-            b0, b1 = bounds[me]
-            kernel(slots[me][b0:b1], [slot[b0:b1] for slot in slots], divisor)
-            a.advance(REDUCED, g + 1)
-            self._wait(REDUCED, g, deadline)
-            for q, (c0, c1) in enumerate(bounds):
-                x[lo + c0 : lo + c1] = slots[q][c0:c1]
-            a.advance(GATHERED, g + 1)
+        self._reduce_chunks(x, dt, op, deadline, fingerprint, root=None)
 
     def reduce(self, x: Array, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0) -> None:
+        self._reduce_chunks(x, dt, op, deadline, fingerprint, root=root)
+
+    def _reduce_chunks(
+        self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, root: int | None
+    ) -> None:
+        """Per chunk: every rank copies it into its slot, reduces its share of all ranks'
+        slots (one fused pass), then every rank (``root=None``) or the root alone gathers."""
         a, p, me = self._a, self._a.world, self._a.rank
         kernel = reducer(dt, op)
         divisor = float(p) if op is ReduceOp.AVG else 1.0
@@ -155,7 +144,7 @@ class ShmCollectives:
             b0, b1 = bounds[me]
             kernel(slots[me][b0:b1], [slot[b0:b1] for slot in slots], divisor)
             a.advance(REDUCED, g + 1)
-            if me == root:
+            if root is None or me == root:
                 self._wait(REDUCED, g, deadline)
                 for q, (c0, c1) in enumerate(bounds):
                     x[lo + c0 : lo + c1] = slots[q][c0:c1]
