@@ -127,7 +127,8 @@ def test_sigterm_to_the_launcher_reaches_the_ranks(tmp_path):
             seen += 1
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(15) == 128 + signal.SIGTERM
-    assert "was killed by SIGTERM" in launcher.stdout.read()
+    with launcher.stdout:
+        assert "was killed by SIGTERM" in launcher.stdout.read()
 
 
 def test_console_script_and_module_agree_on_usage_errors(tmp_path):
