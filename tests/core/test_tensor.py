@@ -10,7 +10,6 @@ import pytest
 
 from ferrodist.core import (
     Device,
-    DeviceUnavailable,
     InvalidArgument,
     Tensor,
     as_tensor,
@@ -117,33 +116,6 @@ class _DLPackOnly:
 
     def __dlpack_device__(self):
         return self._a.__dlpack_device__()
-
-
-class _FakeCudaArray:
-    @property
-    def __cuda_array_interface__(self):
-        return {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}
-
-
-class _FakeCudaDLPack:
-    def __dlpack__(self, **kwargs):
-        raise AssertionError("must not be called")
-
-    def __dlpack_device__(self):
-        return (2, 0)  # kDLCUDA
-
-
-@pytest.mark.parametrize("obj", [_FakeCudaArray(), _FakeCudaDLPack()])
-def test_gpu_arrays_need_the_gpu_package(obj):
-    with pytest.raises(DeviceUnavailable, match="ferrodist-gpu"):
-        as_tensor(obj)
-
-
-def test_to_cuda_without_the_gpu_package_is_a_clear_error():
-    t = as_tensor(np.zeros(2))
-    assert t.to("cpu") is t
-    with pytest.raises(DeviceUnavailable, match="ferrodist-gpu"):
-        t.to("cuda:0")
 
 
 def test_devices_parse():

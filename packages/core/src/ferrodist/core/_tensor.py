@@ -1,5 +1,6 @@
 """``Tensor``: a zero-copy view over one contiguous buffer, and ``as_tensor``, the one
-place where foreign array objects (numpy, Python buffers, DLPack, PyTorch) are inspected."""
+place where foreign array objects (numpy, Python buffers, DLPack, PyTorch, CUDA arrays)
+are inspected."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from . import _cuda, _dlpack
 from ._device import CPU, Device, device
-from ._dtypes import DType, dtype
-from ._errors import DeviceUnavailable, InvalidArgument
+from ._dtypes import DType, bfloat16, dtype
+from ._errors import InvalidArgument
 
 __all__ = ["Tensor", "as_tensor"]
 
@@ -19,10 +21,13 @@ class Tensor:
     """A contiguous n-dimensional buffer that ferrodist reads and writes in place.
 
     A ``Tensor`` never owns a copy of the user's data: on ``cpu`` it wraps a numpy
-    array that shares memory with whatever ``as_tensor`` was given, so an in-place
-    collective on the tensor is visible in the original object.
+    array, on ``cuda:k`` a Numba device array, that shares memory with whatever
+    ``as_tensor`` was given, so an in-place collective on the tensor is visible in the
+    original object. A bfloat16 device array holds the bits as uint16 (Numba has no
+    bfloat16); the tensor's ``dtype`` says what they mean.
 
-    Build one with :func:`as_tensor`; ``Tensor(array)`` accepts a C-contiguous numpy array.
+    Build one with :func:`as_tensor`; ``Tensor(array)`` accepts a C-contiguous numpy array,
+    ``Tensor.from_device_array(array)`` a Numba device array.
 
     Example:
         >>> a = np.arange(4, dtype=np.float32)
@@ -43,6 +48,22 @@ class Tensor:
         self._device: Device = CPU
         self._source = source  # keeps a DLPack producer alive as long as this view
 
+    @classmethod
+    def from_device_array(cls, array: Any, *, dtype: DType | str | None = None, source: object = None) -> Tensor:
+        """Wrap a C-contiguous Numba device array (no copy). ``dtype="bfloat16"`` reads a
+        uint16 array as bfloat16 bits; otherwise the array's own dtype is used."""
+        if not _cuda.is_device_array(array):
+            raise InvalidArgument(f"Tensor.from_device_array takes a Numba device array, not {type(array).__name__}")
+        if not array.is_c_contiguous():
+            raise InvalidArgument(_non_contiguous_message(array.shape, array.strides))
+        dt = _dtype_of_device(array.dtype, dtype)
+        tensor = cls.__new__(cls)
+        tensor._array = array
+        tensor._dtype = dt
+        tensor._device = Device("cuda", _cuda.device_index())
+        tensor._source = source
+        return tensor
+
     # -- description -------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
@@ -54,7 +75,7 @@ class Tensor:
 
     @property
     def numel(self) -> int:
-        return int(self._array.size)
+        return int(np.prod(self._array.shape, dtype=np.int64))
 
     @property
     def dtype(self) -> DType:
@@ -66,11 +87,15 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return int(self._array.nbytes)
+        return self.numel * self._dtype.itemsize
+
+    @property
+    def is_cuda(self) -> bool:
+        return self._device.type == "cuda"
 
     @property
     def writeable(self) -> bool:
-        return bool(self._array.flags.writeable)
+        return self.is_cuda or bool(self._array.flags.writeable)
 
     def __len__(self) -> int:
         if self.ndim == 0:
@@ -82,33 +107,83 @@ class Tensor:
 
     # -- data ----------------------------------------------------------------------------
     def numpy(self) -> np.ndarray[Any, Any]:
-        """The numpy array sharing this tensor's memory (no copy)."""
+        """The numpy array sharing this tensor's memory (no copy); CPU tensors only."""
+        if self.is_cuda:
+            raise InvalidArgument(
+                f"Tensor.numpy(): this tensor is on {self._device}; copy it to the host with .to('cpu') first"
+            )
         return self._array
 
-    def flat(self) -> np.ndarray[Any, Any]:
-        """A one-dimensional view of the elements (no copy)."""
+    def device_array(self) -> Any:
+        """The Numba device array sharing this tensor's memory (no copy); CUDA tensors only.
+        A bfloat16 tensor's device array is uint16."""
+        if not self.is_cuda:
+            raise InvalidArgument("Tensor.device_array(): this tensor is on the CPU; use .numpy() or .to('cuda')")
+        return self._array
+
+    def flat(self) -> Any:
+        """A one-dimensional view of the elements (no copy): a numpy array on the CPU, a
+        Numba device array on CUDA (uint16 for bfloat16)."""
         return self._array.reshape(-1)
 
-    def bytes_view(self) -> np.ndarray[Any, Any]:
+    def bytes_view(self) -> Any:
         """A one-dimensional uint8 view of the bytes (no copy)."""
         return self._array.reshape(-1).view(np.uint8)
 
+    def data_ptr(self) -> int:
+        """The address of the first byte: a host address on the CPU, a device pointer on CUDA."""
+        if self.is_cuda:
+            return _cuda.device_pointer(self._array)
+        return int(self._array.ctypes.data)
+
     def to(self, target: str | Device) -> Tensor:
-        """This tensor on ``target``: itself if already there, else a copy there."""
+        """This tensor on ``target``: itself if already there, else a copy there.
+
+        Example:
+            >>> t = as_tensor(np.ones(3, np.float32))
+            >>> t.to("cpu") is t
+            True
+        """
         dev = device(target)
         if dev.type == "cpu":
+            if not self.is_cuda:
+                return self
+            host = self._array.copy_to_host()
+            return Tensor(host.view(self._dtype.numpy))
+        if self.is_cuda and dev.index in (None, self._device.index):
             return self
-        raise DeviceUnavailable(
-            f"Tensor.to({str(dev)!r}): CUDA tensors need the ferrodist-gpu package "
-            "(pip install ferrodist-gpu) and a CUDA device or NUMBA_ENABLE_CUDASIM=1"
-        )
+        module = _cuda.cuda(f"Tensor.to({str(dev)!r})")
+        if dev.index not in (None, _cuda.device_index()):
+            if _cuda.simulated():
+                raise InvalidArgument(f"Tensor.to({str(dev)!r}): the CUDA simulator has only device 0")
+            with module.gpus[dev.index]:
+                return self._to_current_device(module)
+        return self._to_current_device(module)
+
+    def _to_current_device(self, module: Any) -> Tensor:
+        host = self.numpy() if not self.is_cuda else self._array.copy_to_host()
+        storage = host.view(np.uint16) if self._dtype is bfloat16 else host
+        return Tensor.from_device_array(module.to_device(np.ascontiguousarray(storage)), dtype=self._dtype)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if not self.is_cuda or _cuda.simulated():
+            raise AttributeError("only CUDA tensors on a real device export __cuda_array_interface__")
+        return dict(self._array.__cuda_array_interface__)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        if self.is_cuda:
+            raise TypeError(f"a tensor on {self._device} cannot become a numpy array implicitly; use .to('cpu')")
         if dtype is not None and np.dtype(dtype) != self._array.dtype:
             return self._array.astype(dtype)
         return self._array
 
     def __dlpack__(self, **kwargs: Any) -> Any:
+        if self.is_cuda:
+            raise InvalidArgument(
+                "a CUDA tensor cannot be exported through DLPack by ferrodist; pass .device_array() "
+                "(it has __cuda_array_interface__) to CuPy or PyTorch instead"
+            )
         try:
             return self._array.__dlpack__(**kwargs)
         except (BufferError, TypeError) as exc:
@@ -118,7 +193,20 @@ class Tensor:
             ) from exc
 
     def __dlpack_device__(self) -> tuple[int, int]:
+        if self.is_cuda:
+            return (2, self._device.index or 0)  # kDLCUDA
         return (1, 0)  # kDLCPU
+
+
+def _dtype_of_device(storage: np.dtype[Any], requested: DType | str | None) -> DType:
+    if requested is None:
+        return dtype(storage)
+    dt = dtype(requested)
+    if dt is bfloat16 and storage in (np.dtype(np.uint16), np.dtype(np.int16)):
+        return dt
+    if dt.numpy != storage:
+        raise InvalidArgument(f"a {storage} device array cannot be read as {dt.name}; pass dtype=None or a matching dtype")
+    return dt
 
 
 def _non_contiguous_message(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
@@ -133,14 +221,16 @@ def as_tensor(obj: object) -> Tensor:
     """View ``obj`` as a :class:`Tensor` without copying.
 
     Accepts a ``Tensor``, a numpy array, any object with the Python buffer protocol
-    (``bytearray``, ``array.array``, ``memoryview``), a PyTorch CPU tensor (any dtype,
-    bfloat16 included), or any object that exports DLPack on the CPU. A collective
-    that writes into the tensor writes into ``obj``'s memory.
+    (``bytearray``, ``array.array``, ``memoryview``), a PyTorch tensor (CPU or CUDA, any
+    dtype, bfloat16 included), a Numba device array, any object with
+    ``__cuda_array_interface__`` (CuPy, PyTorch, Numba), or any object that exports DLPack
+    on the CPU or a CUDA device. A collective that writes into the tensor writes into
+    ``obj``'s memory.
 
     Raises:
         InvalidArgument: the object is not an array, its dtype is not supported, or it
             is not contiguous (a copy would lose the in-place result).
-        DeviceUnavailable: the object lives on a GPU (needs ferrodist-gpu).
+        DeviceUnavailable: the object lives on a GPU but no CUDA device (or simulator) is usable.
     """
     if isinstance(obj, Tensor):
         return obj
@@ -149,8 +239,11 @@ def as_tensor(obj: object) -> Tensor:
     module = type(obj).__module__.partition(".")[0]
     if module == "torch":
         return _from_torch(obj)
-    if hasattr(obj, "__cuda_array_interface__"):
-        raise _gpu_unavailable(obj)
+    if _cuda.is_device_array(obj):
+        return Tensor.from_device_array(obj)
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    if interface is not None:
+        return Tensor.from_device_array(_cuda.array_from_interface(obj, interface), source=obj)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         return _from_dlpack(obj)
     try:
@@ -165,17 +258,17 @@ def as_tensor(obj: object) -> Tensor:
     return Tensor(np.asarray(view), source=obj)
 
 
-def _gpu_unavailable(obj: object) -> DeviceUnavailable:
-    return DeviceUnavailable(
-        f"as_tensor got a GPU array ({type(obj).__name__}); GPU tensors need the ferrodist-gpu "
-        "package (pip install ferrodist-gpu) and a CUDA device; move it to the CPU meanwhile"
-    )
-
-
 def _from_dlpack(obj: Any) -> Tensor:
     device_type, _ = obj.__dlpack_device__()
+    if device_type in (2, 13):  # kDLCUDA, kDLCUDAManaged
+        _cuda.cuda("as_tensor of a CUDA DLPack array")
+        interface, dt, capsule = _dlpack.cuda_interface(obj)
+        return Tensor.from_device_array(_cuda.array_from_interface(capsule, interface), dtype=dt, source=obj)
     if device_type != 1:  # kDLCPU
-        raise _gpu_unavailable(obj)
+        raise InvalidArgument(
+            f"as_tensor: {type(obj).__name__} lives on DLPack device type {device_type}; "
+            "ferrodist supports the CPU and CUDA devices"
+        )
     try:
         array = np.from_dlpack(obj)
     except (BufferError, TypeError, RuntimeError) as exc:
@@ -185,11 +278,17 @@ def _from_dlpack(obj: Any) -> Tensor:
 
 def _from_torch(obj: Any) -> Tensor:
     torch = sys.modules["torch"]
-    if obj.device.type != "cpu":
-        raise _gpu_unavailable(obj)
     if not obj.is_contiguous():
         raise InvalidArgument(_non_contiguous_message(tuple(obj.shape), tuple(obj.stride())))
     tensor = obj.detach()
+    if obj.device.type == "cuda":
+        # torch exports no bfloat16 through __cuda_array_interface__: move the bits as int16.
+        bits = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
+        array = _cuda.array_from_interface(bits, bits.__cuda_array_interface__)
+        dt = "bfloat16" if tensor.dtype == torch.bfloat16 else None
+        return Tensor.from_device_array(array, dtype=dt, source=obj)
+    if obj.device.type != "cpu":
+        raise InvalidArgument(f"as_tensor: a torch tensor on {obj.device} is not supported; use cpu or cuda")
     if tensor.dtype == torch.bfloat16:
         # numpy's DLPack import has no bfloat16: move the bits as int16, then reinterpret.
         array = np.from_dlpack(tensor.view(torch.int16)).view(dtype("bfloat16").numpy)
