@@ -120,7 +120,7 @@ def test_device_tensor_refuses_host_only_views() -> None:
 
 def test_null_pointer_is_refused() -> None:
     class Null:
-        __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}
+        __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}  # noqa: RUF012
 
     with pytest.raises(InvalidArgument, match="null data pointer"):
         fc.as_tensor(Null())
@@ -153,7 +153,7 @@ def test_without_a_gpu_asking_for_cuda_says_what_to_do() -> None:
         import numpy as np, ferrodist.core as fc
 
         class Interface:
-            __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (8, False), "version": 3}
+            __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (8, False), "version": 3}  # noqa: RUF012
 
         class DLPack:
             def __dlpack__(self, stream=None):

@@ -44,7 +44,7 @@ def simulated() -> bool:
     """True when Numba's CUDA simulator stands in for the GPU."""
     from numba import config
 
-    return bool(config.ENABLE_CUDASIM)
+    return bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
 
 
 def is_device_array(obj: object) -> bool:
@@ -97,7 +97,7 @@ def array_from_interface(obj: Any, interface: dict[str, Any]) -> Any:
         raw = (ctypes.c_byte * (count * dt.itemsize)).from_address(pointer)
         host = np.frombuffer(raw, dtype=dt).reshape(shape)
     array = FakeCUDAArray(host)
-    array._ferrodist_owner = obj  # the producer's memory lives as long as this view
+    array._ferrodist_owner = obj  # type: ignore[attr-defined]  # the producer's memory lives as long as this view
     return array
 
 
@@ -106,7 +106,7 @@ def _is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: i
     if 0 in shape:
         return True
     step = itemsize
-    for n, stride in zip(reversed(shape), reversed(strides)):
+    for n, stride in zip(reversed(shape), reversed(strides), strict=True):
         if n != 1 and stride != step:
             return False
         step *= n

@@ -44,7 +44,7 @@ class Tensor:
         self._dtype: DType = dtype(array.dtype)
         if not array.flags.c_contiguous:
             raise InvalidArgument(_non_contiguous_message(array.shape, array.strides))
-        self._array = array
+        self._array: Any = array  # a numpy array, or a Numba device array on CUDA
         self._device: Device = CPU
         self._source = source  # keeps a DLPack producer alive as long as this view
 
@@ -205,7 +205,9 @@ def _dtype_of_device(storage: np.dtype[Any], requested: DType | str | None) -> D
     if dt is bfloat16 and storage in (np.dtype(np.uint16), np.dtype(np.int16)):
         return dt
     if dt.numpy != storage:
-        raise InvalidArgument(f"a {storage} device array cannot be read as {dt.name}; pass dtype=None or a matching dtype")
+        raise InvalidArgument(
+            f"a {storage} device array cannot be read as {dt.name}; pass dtype=None or a matching dtype"
+        )
     return dt
 
 
