@@ -23,6 +23,7 @@ def all_reduce(
     *,
     timeout: float | None = None,
     algorithm: str | None = None,
+    compress: str | None = None,
 ) -> Work | None:
     """Reduce ``tensor`` across the group, in place on every rank. See ``ProcessGroup.all_reduce``.
 
@@ -31,7 +32,9 @@ def all_reduce(
         x = np.array([1.0, 2.0]) * (get_rank() + 1)   # rank 0: [1, 2]  rank 1: [2, 4]
         all_reduce(x)                                  # rank 0: [3, 6]  rank 1: [3, 6]
     """
-    return resolve(group).all_reduce(tensor, op, async_op=async_op, timeout=timeout, algorithm=algorithm)
+    return resolve(group).all_reduce(
+        tensor, op, async_op=async_op, timeout=timeout, algorithm=algorithm, compress=compress
+    )
 
 
 def broadcast(

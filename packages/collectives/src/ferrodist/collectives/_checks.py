@@ -25,6 +25,7 @@ class Checker:
     def __init__(self, rank: int, operation: str) -> None:
         self.rank = rank
         self.operation = operation
+        self.seen: list[Tensor] = []  # every tensor checked so far (to find their device)
 
     def fail(self, message: str, cls: type[FerrodistError] = InvalidArgument) -> FerrodistError:
         return cls(f"rank {self.rank}: {self.operation}: {message}", rank=self.rank, operation=self.operation)
@@ -36,6 +37,7 @@ class Checker:
             raise exc.with_context(f"rank {self.rank}: {self.operation}: {what}") from None
         if writeable and not t.writeable:
             raise self.fail(f"{what} is read-only but this rank writes its result into it; pass a writeable array")
+        self.seen.append(t)
         return t
 
     def op(self, op: object, tensor: Tensor) -> ReduceOp:
@@ -108,6 +110,8 @@ def split_equally(checker: Checker, obj: object, size: int, what: str, *, writea
         raise checker.fail(f"{what} has {whole.numel} elements, not divisible by the group size {size}")
     part = whole.numel // size
     flat = whole.flat()
+    if whole.is_cuda:
+        return [Tensor.from_device_array(flat[i * part : (i + 1) * part], dtype=whole.dtype) for i in range(size)]
     return [Tensor(flat[i * part : (i + 1) * part]) for i in range(size)]
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from ferrodist.core import (
     CollectiveMismatch,
+    bfloat16,
     CollectiveTimeout,
     FerrodistError,
     InvalidArgument,
@@ -29,7 +30,7 @@ from ferrodist.core import (
 )
 from ferrodist.transport import Transport
 
-from . import _direct, _doubling, _native, _ring, _tree
+from . import _device, _direct, _doubling, _native, _ring, _tree
 from ._call import MAX_USER_TAG, Call, Scratch, collective_tag, p2p_tag
 from ._census import absent_ranks
 from ._checks import Checker, flats, split_equally
@@ -277,11 +278,15 @@ class ProcessGroup:
         async_op: bool = False,
         timeout: float | None = None,
         algorithm: str | None = None,
+        compress: str | None = None,
     ) -> Work | None:
         """Reduce ``tensor`` across the group, in place on every rank.
 
         ``algorithm``: ``"auto"`` (default: recursive doubling up to 64 KiB, ring above),
         ``"ring"`` or ``"recursive_doubling"``. Every rank ends with identical bits.
+        ``compress="bf16"`` (float32 CUDA tensors): convert to bfloat16 on the device, reduce
+        those (float32 accumulation per step), convert back; half the bytes cross PCIe and
+        the network, at bfloat16 precision.
 
         Example::
 
@@ -298,11 +303,22 @@ class ProcessGroup:
         t = check.tensor(tensor, writeable=True)
         reduce_op = check.op(op, t)
         name = all_reduce_algorithm(t.nbytes, self.size, algorithm, rank=self._global_rank)
-        engine = _ring.all_reduce if name == "ring" else _doubling.all_reduce
-        kernel = reducer(t.dtype, reduce_op)
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         x = t.flat()
-        fp = fingerprint("all_reduce", t.dtype, t.numel, reduce_op)
+        dev = _device.engine(self._global_rank, "all_reduce", [t])
+        wire = _compression(check, compress, t, dev)
+        fp = fingerprint("all_reduce", wire, t.numel, reduce_op)
+        if dev is not None:
+            return self._launch(
+                "all_reduce",
+                lambda call: dev.all_reduce(call, x, t.dtype, reduce_op, divisor, wire),
+                fp,
+                async_op=async_op,
+                timeout=timeout,
+                shape=t.shape,
+            )
+        engine = _ring.all_reduce if name == "ring" else _doubling.all_reduce
+        kernel = reducer(t.dtype, reduce_op)
         native = self._native_for(t, reduce_op, algorithm)
         if native is not None and not self._debug:
             self._fast_plans[(t.numpy().dtype, op, t.numel)] = (t.dtype, reduce_op, fp)
@@ -332,10 +348,13 @@ class ProcessGroup:
         t = check.tensor(tensor, writeable=self._rank != root)
         x = t.flat()
         fp = fingerprint("broadcast", t.dtype, t.numel, root=root)
-        native = self._native_for(t)
+        dev = _device.engine(self._global_rank, "broadcast", [t])
+        native = None if dev else self._native_for(t)
         return self._launch(
             "broadcast",
-            (lambda call: native.broadcast(x, root, t.dtype, call.deadline, call.fingerprint))
+            (lambda call: dev.broadcast(call, x, root))
+            if dev
+            else (lambda call: native.broadcast(x, root, t.dtype, call.deadline, call.fingerprint))
             if native
             else (lambda call: _tree.broadcast(call, x, root)),
             fp,
@@ -369,10 +388,13 @@ class ProcessGroup:
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         x = t.flat()
         fp = fingerprint("reduce", t.dtype, t.numel, reduce_op, root)
-        native = self._native_for(t, reduce_op)
+        dev = _device.engine(self._global_rank, "reduce", [t])
+        native = None if dev else self._native_for(t, reduce_op)
         return self._launch(
             "reduce",
-            (lambda call: native.reduce(x, root, t.dtype, reduce_op, call.deadline, call.fingerprint))
+            (lambda call: dev.reduce(call, x, root, t.dtype, reduce_op, divisor))
+            if dev
+            else (lambda call: native.reduce(x, root, t.dtype, reduce_op, call.deadline, call.fingerprint))
             if native
             else (lambda call: _tree.reduce(call, x, root, kernel, divisor)),
             fp,
@@ -396,10 +418,13 @@ class ProcessGroup:
         t = check.tensor(tensor)
         blocks = check.blocks(output, t, self.size, "output", writeable=True)
         x = t.flat()
-
-        native = self._native_for(t)
+        dev = _device.engine(self._global_rank, "all_gather", [t, *check.seen])
+        native = None if dev else self._native_for(t)
 
         def body(call: Call) -> None:
+            if dev:
+                dev.all_gather(call, x, blocks)
+                return
             if native:
                 _native.all_gather(native, call, x, blocks, t.dtype)
                 return
@@ -434,11 +459,13 @@ class ProcessGroup:
         kernel = reducer(out_t.dtype, reduce_op)
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         out = out_t.flat()
-
-        native = self._native_for(out_t, reduce_op)
+        dev = _device.engine(self._global_rank, "reduce_scatter", [out_t, *check.seen])
+        native = None if dev else self._native_for(out_t, reduce_op)
 
         def body(call: Call) -> None:
-            if call.size == 1:
+            if dev:
+                dev.reduce_scatter(call, out, blocks, out_t.dtype, reduce_op, divisor)
+            elif call.size == 1:
                 out[...] = blocks[0]
             elif native:
                 _native.reduce_scatter(native, call, out, blocks, out_t.dtype, reduce_op)
@@ -478,10 +505,13 @@ class ProcessGroup:
             blocks = None
         x = t.flat()
         fp = fingerprint("gather", t.dtype, t.numel, root=root)
-        native = self._native_for(t)
+        dev = _device.engine(self._global_rank, "gather", [t, *check.seen])
+        native = None if dev else self._native_for(t)
         return self._launch(
             "gather",
-            (lambda call: _native.gather(native, call, x, blocks, root, t.dtype))
+            (lambda call: dev.gather(call, x, blocks, root))
+            if dev
+            else (lambda call: _native.gather(native, call, x, blocks, root, t.dtype))
             if native
             else (lambda call: _direct.gather(call, x, blocks, root)),
             fp,
@@ -520,10 +550,13 @@ class ProcessGroup:
             blocks = None
         x = t.flat()
         fp = fingerprint("scatter", t.dtype, t.numel, root=root)
-        native = self._native_for(t)
+        dev = _device.engine(self._global_rank, "scatter", [t, *check.seen])
+        native = None if dev else self._native_for(t)
         return self._launch(
             "scatter",
-            (lambda call: _native.scatter(native, call, x, blocks, root, t.dtype))
+            (lambda call: dev.scatter(call, x, blocks, root))
+            if dev
+            else (lambda call: _native.scatter(native, call, x, blocks, root, t.dtype))
             if native
             else (lambda call: _direct.scatter(call, x, blocks, root)),
             fp,
@@ -555,9 +588,12 @@ class ProcessGroup:
         check.same_kind(ins[me], outs[me], f"inputs[{me}] (kept by this rank)")
         out_flat, in_flat = flats(outs), flats(ins)
         fp = fingerprint("all_to_all", ins[0].dtype)  # block sizes may differ per pair: not in the fingerprint
+        dev = _device.engine(self._global_rank, "all_to_all", [*outs, *ins])
         return self._launch(
             "all_to_all",
-            lambda call: _direct.all_to_all(call, out_flat, in_flat),
+            (lambda call: dev.all_to_all(call, out_flat, in_flat))
+            if dev
+            else (lambda call: _direct.all_to_all(call, out_flat, in_flat)),
             fp,
             async_op=async_op,
             timeout=timeout,
@@ -571,7 +607,9 @@ class ProcessGroup:
         return self._launch("barrier", body, fingerprint("barrier"), async_op=async_op, timeout=timeout)
 
     # -- point to point ------------------------------------------------------------------------
-    def _p2p(self, operation: str, tensor: Any, peer: int, tag: int, *, writeable: bool) -> tuple[Any, int, int, str]:
+    def _p2p(
+        self, operation: str, tensor: Any, peer: int, tag: int, *, writeable: bool
+    ) -> tuple[Any, int, int, str, Any]:
         check = self._checker(operation)
         peer_rank = check.root(peer, self.size, "dst" if operation in ("send", "isend") else "src")
         if peer_rank == self._rank:
@@ -580,30 +618,36 @@ class ProcessGroup:
             raise check.fail(f"tag must be an integer in 0..{MAX_USER_TAG}, not {tag!r}")
         t = check.tensor(tensor, writeable=writeable)
         context = f"rank {self._global_rank}: {operation} with group rank {peer_rank} (tag {tag}) on group {self._name}"
-        return t.flat(), self._ranks[peer_rank], p2p_tag(self._group_id, tag), context
+        dev = _device.engine(self._global_rank, operation, [t])
+        return t.flat(), self._ranks[peer_rank], p2p_tag(self._group_id, tag), context, dev
+
+    def _start(self, x: Any, peer: int, tag: int, dev: Any, *, sending: bool) -> Any:
+        if dev is not None:
+            return (dev.isend if sending else dev.irecv)(self._transport, x, peer, tag)
+        return (self._transport.isend if sending else self._transport.irecv)(x, peer, tag)
 
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to group rank ``dst``; don't modify it until ``wait()`` returns."""
-        x, peer, wire_tag, context = self._p2p("isend", tensor, dst, tag, writeable=False)
-        request = self._transport.isend(x, peer, wire_tag)
+        x, peer, wire_tag, context, dev = self._p2p("isend", tensor, dst, tag, writeable=False)
+        request = self._start(x, peer, wire_tag, dev, sending=True)
         return RequestWork(context, request, self._timeout, context)
 
     def irecv(self, tensor: Any, src: int, tag: int = 0) -> Work:
         """Start receiving into ``tensor`` from group rank ``src``; read it after ``wait()``."""
-        x, peer, wire_tag, context = self._p2p("irecv", tensor, src, tag, writeable=True)
-        request = self._transport.irecv(x, peer, wire_tag)
+        x, peer, wire_tag, context, dev = self._p2p("irecv", tensor, src, tag, writeable=True)
+        request = self._start(x, peer, wire_tag, dev, sending=False)
         return RequestWork(context, request, self._timeout, context)
 
     def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
         """Send ``tensor`` to group rank ``dst`` (matched by a ``recv`` there with the same tag)."""
-        x, peer, wire_tag, context = self._p2p("send", tensor, dst, tag, writeable=False)
-        request = self._transport.isend(x, peer, wire_tag)
+        x, peer, wire_tag, context, dev = self._p2p("send", tensor, dst, tag, writeable=False)
+        request = self._start(x, peer, wire_tag, dev, sending=True)
         RequestWork(context, request, self._limit(timeout, "send"), context).wait()
 
     def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> None:
         """Receive into ``tensor`` from group rank ``src`` (the message must have its exact size)."""
-        x, peer, wire_tag, context = self._p2p("recv", tensor, src, tag, writeable=True)
-        request = self._transport.irecv(x, peer, wire_tag)
+        x, peer, wire_tag, context, dev = self._p2p("recv", tensor, src, tag, writeable=True)
+        request = self._start(x, peer, wire_tag, dev, sending=False)
         RequestWork(context, request, self._limit(timeout, "recv"), context).wait()
 
     # -- lifetime --------------------------------------------------------------------------------
@@ -620,3 +664,16 @@ class ProcessGroup:
         native, self._native = self._native, None
         if native is not None:
             native.free()
+
+
+def _compression(check: Checker, compress: str | None, t: Tensor, dev: Any) -> Any:
+    """The dtype that travels for ``all_reduce(..., compress=...)``: the tensor's own, or bfloat16."""
+    if compress is None:
+        return t.dtype
+    if compress != "bf16":
+        raise check.fail(f"compress={compress!r} is unknown; use compress='bf16' or leave it out")
+    if dev is None:
+        raise check.fail("compress='bf16' applies to CUDA tensors; CPU tensors are reduced at full precision")
+    if t.dtype.name != "float32":
+        raise check.fail(f"compress='bf16' needs a float32 tensor, not {t.dtype.name}")
+    return bfloat16
