@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PACKAGES := core transport collectives testing launch
+PACKAGES := core transport collectives testing launch gpu nccl
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench lint clean

@@ -19,13 +19,13 @@ import numpy as np
 
 from ferrodist.core import (
     CollectiveMismatch,
-    bfloat16,
     CollectiveTimeout,
     FerrodistError,
     InvalidArgument,
     InvalidRank,
     ReduceOp,
     Tensor,
+    bfloat16,
     reducer,
 )
 from ferrodist.transport import Transport

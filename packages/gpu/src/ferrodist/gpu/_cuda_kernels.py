@@ -1,0 +1,649 @@
+"""CUDA kernels for host-staged GPU collectives (private): pack, unpack, reduce, cast, scale.
+
+Each public function validates its arguments, picks a kernel, computes the grid with
+:func:`launch_config` and launches once (``pack``/``unpack``: once per
+:data:`MAX_ARRAYS_PER_LAUNCH` arrays). Every kernel is a grid-stride loop, so any grid
+covers any size. Arguments are Numba device arrays (``DeviceNDArray``, or the simulator's
+``FakeCUDAArray``) that are C-contiguous; they are read as flat element sequences.
+
+float16 and bfloat16 travel as their uint16 bit patterns (Numba has no bfloat16): a
+reduction widens both operands to float32, combines them there and rounds once to
+nearest-even, with the same bit manipulation as the CPU kernels in
+``ferrodist.core._kernels``, so a GPU and a CPU rank agree bit for bit. bool is reduced as
+its 0/1 bytes with the bitwise op core uses (SUM and MAX are OR, PRODUCT and MIN are AND).
+
+Kernels are built on first use (``numba.cuda`` is imported inside functions only) and
+cached per (op, dtype kind); Numba compiles one specialisation per argument type.
+They run unchanged on a GPU and under ``NUMBA_ENABLE_CUDASIM=1``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import operator
+import types
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ferrodist.core import DType, InvalidArgument, ReduceOp, check_op, dtype
+
+if TYPE_CHECKING:
+    from numba import cuda  # at run time kernels get it through _kernel, never at import
+
+__all__ = [
+    "MAX_ARRAYS_PER_LAUNCH",
+    "MAX_BLOCKS",
+    "THREADS_PER_BLOCK",
+    "cast",
+    "launch_config",
+    "pack",
+    "reduce_into",
+    "scale",
+    "unpack",
+]
+
+#: Default threads per block of every launch.
+THREADS_PER_BLOCK = 256
+#: Default cap on blocks per launch (about one full wave of 256-thread blocks on a large GPU).
+MAX_BLOCKS = 1024
+#: Arrays one pack/unpack launch moves: 64 one-dimensional array arguments and the offsets
+#: table fit in the 4 KiB of kernel parameters that every CUDA version and GPU accepts.
+MAX_ARRAYS_PER_LAUNCH = 64
+
+# Opcodes: the values of ReduceOp, plus one for scale's division.
+_SUM, _PRODUCT, _MIN, _MAX = (ReduceOp.SUM.value, ReduceOp.PRODUCT.value, ReduceOp.MIN.value, ReduceOp.MAX.value)
+_BAND, _BOR, _BXOR = ReduceOp.BAND.value, ReduceOp.BOR.value, ReduceOp.BXOR.value
+_DIVIDE = 100
+_BOOL_OPCODE = {_SUM: _BOR, _MAX: _BOR, _PRODUCT: _BAND, _MIN: _BAND}
+_HALVES = ("float16", "bfloat16")
+_CASTS = (("float32", "bfloat16"), ("bfloat16", "float32"), ("float32", "float16"), ("float16", "float32"))
+
+
+# ---------------------------------------------------------------------------------------
+# Launch configuration
+# ---------------------------------------------------------------------------------------
+
+
+def launch_config(n: int, *, threads: int = THREADS_PER_BLOCK, max_blocks: int = MAX_BLOCKS) -> tuple[int, int]:
+    """The grid ``(blocks, threads_per_block)`` for a grid-stride loop over ``n`` elements.
+
+    A block has ``threads`` threads, or fewer for a small ``n`` (rounded up to a whole
+    32-thread warp); there are ``ceil(n / threads_per_block)`` blocks, at most
+    ``max_blocks`` (the loop then strides). ``n == 0`` gives ``(0, 0)``: launch nothing.
+
+    Example:
+        >>> launch_config(10), launch_config(1000), launch_config(10**9)
+        ((1, 32), (4, 256), (1024, 256))
+    """
+    n = operator.index(n)
+    if n < 0:
+        raise InvalidArgument(f"launch_config: the element count is {n}; it must be >= 0")
+    if not 1 <= threads <= 1024:
+        raise InvalidArgument(f"launch_config: threads={threads}; CUDA blocks have 1 to 1024 threads")
+    if max_blocks < 1:
+        raise InvalidArgument(f"launch_config: max_blocks={max_blocks}; it must be >= 1")
+    if n == 0:
+        return 0, 0
+    per_block = min(threads, -(-n // 32) * 32)
+    return min(-(-n // per_block), max_blocks), per_block
+
+
+def _launch(kernel: Any, n: int, stream: Any, threads: int, max_blocks: int, *args: Any) -> None:
+    blocks, per_block = launch_config(n, threads=threads, max_blocks=max_blocks)
+    if blocks:
+        kernel[blocks, per_block, 0 if stream is None else stream](*args)
+
+
+# ---------------------------------------------------------------------------------------
+# Device functions (built on first use)
+# ---------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _halves() -> dict[str, Any]:
+    """Device functions: float16/bfloat16 bit patterns to float32 and back (nearest-even).
+
+    Bit casts use scalar ``.view``, which Numba compiles to a register bitcast and the
+    simulator runs as numpy. Integers are int64 throughout (numpy and Numba would
+    otherwise promote mixed uint32/int64 arithmetic to float64).
+    """
+    from numba import cuda
+
+    @cuda.jit(device=True)
+    def bits_of(x):  # type: ignore[no-untyped-def]
+        return np.int64(np.float32(x).view(np.uint32))
+
+    @cuda.jit(device=True)
+    def float_of(bits):  # type: ignore[no-untyped-def]
+        return np.uint32(bits).view(np.float32)
+
+    @cuda.jit(device=True)
+    def bf16_load(h):  # type: ignore[no-untyped-def]
+        return float_of(np.int64(h) << 16)
+
+    @cuda.jit(device=True)
+    def bf16_store(x):  # type: ignore[no-untyped-def]
+        bits = bits_of(x)
+        if (bits & 0x7FFFFFFF) > 0x7F800000:  # NaN: truncate, and keep it a quiet NaN
+            return np.uint16((bits >> 16) | 0x40)
+        return np.uint16((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
+
+    @cuda.jit(device=True)
+    def f16_load(h):  # type: ignore[no-untyped-def]
+        # Move exponent and mantissa to float32 positions, then rebias the exponent.
+        body = (np.int64(h) & 0x7FFF) << 13
+        exponent = body & 0x0F800000
+        body += (127 - 15) << 23
+        if exponent == 0x0F800000:  # inf / nan
+            value = float_of(body + ((128 - 16) << 23))
+        elif exponent == 0:  # zero / subnormal: renormalise with an exact float32 subtraction
+            value = float_of(body + (1 << 23)) - float_of(113 << 23)
+        else:
+            value = float_of(body)
+        if np.int64(h) & 0x8000:
+            return -value
+        return value
+
+    @cuda.jit(device=True)
+    def f16_store(x):  # type: ignore[no-untyped-def]
+        bits = bits_of(x)
+        sign = (bits >> 16) & 0x8000
+        mag = bits & 0x7FFFFFFF
+        if mag >= (127 + 16) << 23:  # overflows float16, or inf / nan
+            out = 0x7E00 if mag > 0x7F800000 else 0x7C00
+        elif mag < 113 << 23:  # a float16 subnormal or zero: let a float32 addition round it
+            magic = ((127 - 15) + (23 - 10) + 1) << 23
+            out = bits_of(float_of(mag) + float_of(magic)) - magic
+        else:  # normal: rebias the exponent, round the mantissa to nearest-even
+            out = (mag + ((15 - 127) << 23) + 0xFFF + ((mag >> 13) & 1)) >> 13
+        return np.uint16(out | sign)
+
+    return {"bf16_load": bf16_load, "bf16_store": bf16_store, "f16_load": f16_load, "f16_store": f16_store}
+
+
+@functools.cache
+def _combine(opcode: int) -> Any:
+    """The device function ``f(a, b)`` of one op (MIN/MAX propagate NaN like numpy)."""
+    from numba import cuda
+
+    def add(a, b):  # type: ignore[no-untyped-def]
+        return a + b
+
+    def multiply(a, b):  # type: ignore[no-untyped-def]
+        return a * b
+
+    def divide(a, b):  # type: ignore[no-untyped-def]
+        return a / b
+
+    def minimum(a, b):  # type: ignore[no-untyped-def]
+        return a if (a <= b or a != a) else b
+
+    def maximum(a, b):  # type: ignore[no-untyped-def]
+        return a if (a >= b or a != a) else b
+
+    def bit_and(a, b):  # type: ignore[no-untyped-def]
+        return a & b
+
+    def bit_or(a, b):  # type: ignore[no-untyped-def]
+        return a | b
+
+    def bit_xor(a, b):  # type: ignore[no-untyped-def]
+        return a ^ b
+
+    table = {
+        _SUM: add,
+        _PRODUCT: multiply,
+        _DIVIDE: divide,
+        _MIN: minimum,
+        _MAX: maximum,
+        _BAND: bit_and,
+        _BOR: bit_or,
+        _BXOR: bit_xor,
+    }
+    return cuda.jit(device=True)(table[opcode])
+
+
+# ---------------------------------------------------------------------------------------
+# Kernels (built on first use, one per op and dtype kind)
+# ---------------------------------------------------------------------------------------
+
+
+def _kernel(fn: Any) -> Any:
+    """``cuda.jit(fn)`` for a kernel that names ``cuda`` as a global.
+
+    The simulator runs a kernel by swapping the fake ``cuda`` module into the kernel's
+    globals, so ``cuda`` must be a global there, not a closure variable: the function is
+    rebuilt over a private copy of this module's globals with ``numba.cuda`` added (its
+    device functions stay closure variables, which Numba compiles as constants).
+    """
+    from numba import cuda as numba_cuda
+
+    scope = dict(globals(), cuda=numba_cuda)
+    return numba_cuda.jit(types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__))
+
+
+@functools.cache
+def _reduce_kernel(kind: str, opcode: int) -> Any:
+    """``dst[i] = op(dst[i], src[i])``; kind is ``"plain"`` (native arithmetic) or a half type."""
+    combine = _combine(opcode)
+    if kind == "plain":
+
+        def reduce_plain(dst, src):  # type: ignore[no-untyped-def]
+            for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
+                dst[i] = combine(dst[i], src[i])
+
+        return _kernel(reduce_plain)
+
+    prefix = "f16" if kind == "float16" else "bf16"
+    load, store = _halves()[f"{prefix}_load"], _halves()[f"{prefix}_store"]
+
+    def reduce_half(dst, src):  # type: ignore[no-untyped-def]
+        for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
+            dst[i] = store(combine(load(dst[i]), load(src[i])))
+
+    return _kernel(reduce_half)
+
+
+@functools.cache
+def _scale_kernel(kind: str, opcode: int) -> Any:
+    """``dst[i] = dst[i] * factor`` (or ``/``), in float64 for float64 and float32 otherwise."""
+    combine = _combine(opcode)
+    if kind == "float64":
+
+        def scale_f64(dst, factor):  # type: ignore[no-untyped-def]
+            f = np.float64(factor)
+            for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
+                dst[i] = combine(dst[i], f)
+
+        return _kernel(scale_f64)
+    if kind == "float32":
+
+        def scale_f32(dst, factor):  # type: ignore[no-untyped-def]
+            f = np.float32(factor)
+            for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
+                dst[i] = combine(dst[i], f)
+
+        return _kernel(scale_f32)
+
+    prefix = "f16" if kind == "float16" else "bf16"
+    load, store = _halves()[f"{prefix}_load"], _halves()[f"{prefix}_store"]
+
+    def scale_half(dst, factor):  # type: ignore[no-untyped-def]
+        f = np.float32(factor)
+        for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
+            dst[i] = store(combine(load(dst[i]), f))
+
+    return _kernel(scale_half)
+
+
+@functools.cache
+def _cast_kernel(src_name: str, dst_name: str) -> Any:
+    """``dst[i] = convert(src[i])`` for one of the float32 <-> float16/bfloat16 pairs."""
+    half = src_name if src_name in _HALVES else dst_name
+    prefix = "f16" if half == "float16" else "bf16"
+    convert = _halves()[f"{prefix}_load" if src_name == half else f"{prefix}_store"]
+
+    def cast_kernel(dst, src):  # type: ignore[no-untyped-def]
+        for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
+            dst[i] = convert(src[i])
+
+    return _kernel(cast_kernel)
+
+
+# One pack/unpack kernel per arity (a power of two). ``table`` holds three rows of
+# ``arity`` int64: each array's start in the bucket, its length, and its start in the flat
+# index space of all the launch's elements. Thread t moves flat elements t, t + stride, ...,
+# so the work is spread evenly however long each array is, and each array's elements are
+# read and written by consecutive threads (coalesced).
+_MOVE_HEADER = """\
+def {name}(bucket, table, {arrays}):
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+"""
+_MOVE_STEP = """\
+    offset = table[{j}]
+    for i in range((start - table[{flat}]) % stride, table[{length}], stride):
+        {statement}
+"""
+
+
+@functools.cache
+def _move_kernel(direction: str, arity: int) -> Any:
+    """The pack (``"pack"``) or unpack kernel for ``arity`` arrays, generated from a template."""
+    from numba import cuda
+
+    arrays = ", ".join(f"a{j}" for j in range(arity))
+    source = _MOVE_HEADER.format(name=f"{direction}_{arity}", arrays=arrays)
+    for j in range(arity):
+        moved = ("bucket[offset + i]", f"a{j}[i]")
+        statement = " = ".join(moved if direction == "pack" else moved[::-1])
+        source += _MOVE_STEP.format(j=j, length=arity + j, flat=2 * arity + j, statement=statement)
+    namespace: dict[str, Any] = {"cuda": cuda}
+    exec(compile(source, f"<ferrodist.gpu {direction} kernel, {arity} arrays>", "exec"), namespace)
+    return cuda.jit(namespace[f"{direction}_{arity}"])
+
+
+# ---------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------
+
+
+def _flat(array: Any, what: str, operation: str) -> Any:
+    """``array`` as a one-dimensional view, after checking that it is a contiguous device array."""
+    if not getattr(array, "__cuda_ndarray__", False):
+        raise InvalidArgument(
+            f"{operation}: {what} is a {type(array).__name__}, not a Numba device array; pass "
+            "numba.cuda.to_device(x), or ferrodist.core.as_tensor(x).device_array() for a torch/CuPy array"
+        )
+    if not array.is_c_contiguous():
+        raise InvalidArgument(
+            f"{operation}: {what} (shape {tuple(array.shape)}, strides {tuple(array.strides)}) is not "
+            "C-contiguous; the kernels read flat memory: pass a contiguous copy"
+        )
+    return array.reshape(array.size)
+
+
+def _storage(array: Any, dt: DType, what: str, operation: str) -> Any:
+    """The flat array the kernels see for ``dt``: halves as uint16 bits, bool as uint8 bytes."""
+    flat = _flat(array, what, operation)
+    allowed = {dt.numpy, np.dtype(np.uint16)} if dt.name in _HALVES else {dt.numpy}
+    if flat.dtype not in allowed:
+        names = " or ".join(sorted(str(a) for a in allowed))
+        raise InvalidArgument(
+            f"{operation}: {what} has dtype {flat.dtype} but {dt.name} data must be stored as {names}; "
+            "convert it first (the kernels never mix dtypes)"
+        )
+    if dt.name in _HALVES:
+        return flat.view(np.uint16)
+    if dt.name == "bool":
+        return flat.view(np.uint8)
+    return flat
+
+
+def _same_size(dst: Any, src: Any, operation: str) -> None:
+    if dst.size != src.size:
+        raise InvalidArgument(
+            f"{operation}: the source has {src.size} elements (shape {tuple(src.shape)}) but the destination "
+            f"has {dst.size} (shape {tuple(dst.shape)}); pass arrays of the same size"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------------------
+
+
+def reduce_into(
+    dst: Any,
+    src: Any,
+    dt: DType | str,
+    op: ReduceOp | str = ReduceOp.SUM,
+    *,
+    stream: Any = None,
+    threads: int = THREADS_PER_BLOCK,
+    max_blocks: int = MAX_BLOCKS,
+) -> None:
+    """``dst[i] = op(dst[i], src[i])`` on the device, in one launch (a received chunk folded in).
+
+    ``AVG`` adds, like ``SUM``: the caller divides once at the end with
+    ``scale(dst, dt, world_size, divide=True)``. float16 and bfloat16 (uint16 bit patterns)
+    are combined in float32 and rounded once to nearest-even; integers wrap around like
+    numpy; bool SUM/MAX are OR and PRODUCT/MIN are AND.
+
+    Args:
+        dst: device array of ``dt``, updated in place.
+        src: device array of ``dt`` with as many elements as ``dst``.
+        dt: the ferrodist dtype of both (needed because bfloat16 is stored as uint16).
+        op: the reduce op; must be in ``dt.ops``.
+        stream: the CUDA stream to launch on (default: the default stream).
+        threads: threads per block (see :func:`launch_config`).
+        max_blocks: most blocks per launch.
+
+    Raises:
+        InvalidArgument: not device arrays, wrong dtype, different sizes, or an op the dtype lacks.
+
+    Example:
+        >>> d = cuda.to_device(np.array([1, 5], np.int32))
+        >>> reduce_into(d, cuda.to_device(np.array([4, 2], np.int32)), "int32", "min")
+        >>> d.copy_to_host()
+        array([1, 2], dtype=int32)
+    """
+    operation = "gpu reduce_into"
+    dt, op = dtype(dt), ReduceOp.coerce(op)
+    check_op(op, dt, operation=operation)
+    out = _storage(dst, dt, "the destination", operation)
+    inp = _storage(src, dt, "the source", operation)
+    _same_size(out, inp, operation)
+    opcode = ReduceOp.SUM.value if op is ReduceOp.AVG else op.value
+    if dt.name == "bool":
+        opcode = _BOOL_OPCODE.get(opcode, opcode)
+    kernel = _reduce_kernel(dt.name if dt.name in _HALVES else "plain", opcode)
+    _launch(kernel, out.size, stream, threads, max_blocks, out, inp)
+
+
+def scale(
+    dst: Any,
+    dt: DType | str,
+    factor: float,
+    *,
+    divide: bool = False,
+    stream: Any = None,
+    threads: int = THREADS_PER_BLOCK,
+    max_blocks: int = MAX_BLOCKS,
+) -> None:
+    """``dst[i] *= factor`` (or ``/= factor`` with ``divide=True``) for floating dtypes.
+
+    float64 computes in float64; float32, float16 and bfloat16 in float32 with ``factor``
+    rounded to float32, each element rounded once to its own type (nearest-even). AVG's
+    final step is ``scale(dst, dt, world_size, divide=True)``.
+
+    Args:
+        dst: device array of ``dt`` (float16/bfloat16 as uint16 bits), updated in place.
+        dt: a floating ferrodist dtype.
+        factor: the multiplier, or the divisor with ``divide=True`` (then non-zero).
+        divide: divide by ``factor`` instead of multiplying.
+        stream: the CUDA stream to launch on (default: the default stream).
+        threads: threads per block (see :func:`launch_config`).
+        max_blocks: most blocks per launch.
+
+    Raises:
+        InvalidArgument: a non-floating dtype, a wrong array, or a division by zero.
+
+    Example:
+        >>> d = cuda.to_device(np.array([3.0, 5.0], np.float32))
+        >>> scale(d, "float32", 2, divide=True)  # AVG over 2 ranks: each rank sees [1.5, 2.5]
+        >>> d.copy_to_host()
+        array([1.5, 2.5], dtype=float32)
+    """
+    operation = "gpu scale"
+    dt = dtype(dt)
+    if not dt.is_floating:
+        raise InvalidArgument(f"{operation}: {dt.name} is not a floating dtype; scale float16/bfloat16/float32/float64")
+    try:
+        factor = float(factor)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{operation}: factor {factor!r} is not a number") from None
+    if divide and factor == 0.0:
+        raise InvalidArgument(f"{operation}: dividing by zero; pass the number of ranks (>= 1) for AVG")
+    out = _storage(dst, dt, "the destination", operation)
+    kernel = _scale_kernel(dt.name, _DIVIDE if divide else _PRODUCT)
+    _launch(kernel, out.size, stream, threads, max_blocks, out, factor)
+
+
+def cast(
+    dst: Any,
+    dst_dtype: DType | str,
+    src: Any,
+    src_dtype: DType | str,
+    *,
+    stream: Any = None,
+    threads: int = THREADS_PER_BLOCK,
+    max_blocks: int = MAX_BLOCKS,
+) -> None:
+    """Convert ``src`` into ``dst`` between float32 and float16 or bfloat16.
+
+    Widening is exact; narrowing rounds to nearest-even, overflows to infinity and keeps
+    NaN a NaN (bfloat16 keeps the sign and top payload bits, float16 gives a quiet NaN of
+    the same sign), bit for bit as ``ferrodist.core`` does on the CPU.
+
+    Args:
+        dst: device array of ``dst_dtype`` (a half type as uint16 bits, or float32).
+        dst_dtype: the destination's ferrodist dtype.
+        src: device array of ``src_dtype`` with as many elements as ``dst``.
+        src_dtype: the source's ferrodist dtype.
+        stream: the CUDA stream to launch on (default: the default stream).
+        threads: threads per block (see :func:`launch_config`).
+        max_blocks: most blocks per launch.
+
+    Raises:
+        InvalidArgument: an unsupported pair of dtypes, wrong arrays or different sizes.
+
+    Example:
+        >>> src = cuda.to_device(np.array([1.0, 1.00390625], np.float32))
+        >>> dst = cuda.device_array(2, np.uint16)
+        >>> cast(dst, "bfloat16", src, "float32")  # 1 + 2**-8 is a tie: rounds to even 1.0
+        >>> dst.copy_to_host()
+        array([16256, 16256], dtype=uint16)
+    """
+    operation = "gpu cast"
+    to, frm = dtype(dst_dtype), dtype(src_dtype)
+    if (frm.name, to.name) not in _CASTS:
+        pairs = ", ".join(f"{a} -> {b}" for a, b in _CASTS)
+        raise InvalidArgument(f"{operation}: cannot convert {frm.name} to {to.name}; supported: {pairs}")
+    out = _storage(dst, to, "the destination", operation)
+    inp = _storage(src, frm, "the source", operation)
+    _same_size(out, inp, operation)
+    _launch(_cast_kernel(frm.name, to.name), out.size, stream, threads, max_blocks, out, inp)
+
+
+def pack(
+    bucket: Any,
+    srcs: Sequence[Any],
+    offsets: Sequence[int] | None = None,
+    *,
+    stream: Any = None,
+    threads: int = THREADS_PER_BLOCK,
+    max_blocks: int = MAX_BLOCKS,
+) -> None:
+    """Copy every array of ``srcs`` into its slot of the flat ``bucket``, in one launch.
+
+    Array ``j`` (flattened, C order) lands at ``bucket[offsets[j] : offsets[j] + srcs[j].size]``.
+    The kernel takes the arrays as separate arguments plus a device table of int64 offsets
+    and lengths; one kernel per arity (a power of two, up to :data:`MAX_ARRAYS_PER_LAUNCH`)
+    is generated and cached, so more arrays than that take one launch per group.
+
+    Args:
+        bucket: flat device array receiving the elements.
+        srcs: device arrays of the bucket's dtype (any shape, C-contiguous, zero-length allowed).
+        offsets: each array's start in the bucket, in elements; default: back to back from 0.
+            Slots must lie inside the bucket and must not overlap.
+        stream: the CUDA stream to launch on (default: the default stream).
+        threads: threads per block (see :func:`launch_config`).
+        max_blocks: most blocks per launch.
+
+    Raises:
+        InvalidArgument: wrong arrays, mixed dtypes, or slots outside the bucket or overlapping.
+
+    Example:
+        >>> bucket = cuda.device_array(5, np.float32)
+        >>> pack(bucket, [cuda.to_device(np.float32([1, 2])), cuda.to_device(np.float32([3, 4, 5]))])
+        >>> bucket.copy_to_host()
+        array([1., 2., 3., 4., 5.], dtype=float32)
+    """
+    _move("pack", bucket, srcs, offsets, stream, threads, max_blocks)
+
+
+def unpack(
+    bucket: Any,
+    dsts: Sequence[Any],
+    offsets: Sequence[int] | None = None,
+    *,
+    stream: Any = None,
+    threads: int = THREADS_PER_BLOCK,
+    max_blocks: int = MAX_BLOCKS,
+) -> None:
+    """Copy each slot of the flat ``bucket`` back into its array of ``dsts``, in one launch.
+
+    The inverse of :func:`pack` with the same arrays and offsets (see there).
+
+    Example:
+        >>> a, b = cuda.device_array(2, np.float32), cuda.device_array(3, np.float32)
+        >>> unpack(cuda.to_device(np.float32([1, 2, 3, 4, 5])), [a, b])
+        >>> a.copy_to_host(), b.copy_to_host()
+        (array([1., 2.], dtype=float32), array([3., 4., 5.], dtype=float32))
+    """
+    _move("unpack", bucket, dsts, offsets, stream, threads, max_blocks)
+
+
+def _move(
+    direction: str,
+    bucket: Any,
+    arrays: Sequence[Any],
+    offsets: Sequence[int] | None,
+    stream: Any,
+    threads: int,
+    max_blocks: int,
+) -> None:
+    operation = f"gpu {direction}"
+    flat_bucket = _flat(bucket, "the bucket", operation)
+    flats = [_flat(a, f"array {j}", operation) for j, a in enumerate(arrays)]
+    for j, a in enumerate(flats):
+        if a.dtype != flat_bucket.dtype:
+            raise InvalidArgument(
+                f"{operation}: array {j} has dtype {a.dtype} but the bucket has {flat_bucket.dtype}; "
+                "a bucket holds one dtype (view same-sized types, or use one bucket per dtype)"
+            )
+    lengths = [int(a.size) for a in flats]
+    starts = _slots(lengths, offsets, int(flat_bucket.size), operation)
+    moved = [(a, s, n) for a, s, n in zip(flats, starts, lengths, strict=True) if n]  # empty arrays move nothing
+    from numba import cuda
+
+    for first in range(0, len(moved), MAX_ARRAYS_PER_LAUNCH):
+        group = moved[first : first + MAX_ARRAYS_PER_LAUNCH]
+        arity = 1 << (len(group) - 1).bit_length()  # pad to a power of two: few kernels to compile
+        table = np.zeros(3 * arity, np.int64)  # rows: bucket start, length, flat start
+        flat_start = 0
+        for j, (_, start, n) in enumerate(group):
+            table[j], table[arity + j], table[2 * arity + j] = start, n, flat_start
+            flat_start += n
+        padded = [a for a, _, _ in group] + [group[0][0]] * (arity - len(group))  # padding has length 0
+        device_table = cuda.to_device(table, stream=0 if stream is None else stream)
+        kernel = _move_kernel(direction, arity)
+        _launch(kernel, flat_start, stream, threads, max_blocks, flat_bucket, device_table, *padded)
+
+
+def _slots(lengths: list[int], offsets: Sequence[int] | None, capacity: int, operation: str) -> list[int]:
+    """Each array's start in the bucket, checked to lie inside it without overlapping."""
+    if offsets is None:
+        starts, total = [], 0
+        for n in lengths:
+            starts.append(total)
+            total += n
+        if total > capacity:
+            raise InvalidArgument(
+                f"{operation}: the arrays hold {total} elements but the bucket has room for {capacity}; "
+                "allocate a bucket of at least the total size"
+            )
+        return starts
+    try:
+        starts = [operator.index(o) for o in offsets]
+    except TypeError:
+        raise InvalidArgument(f"{operation}: offsets must be integers (element counts), not {offsets!r}") from None
+    if len(starts) != len(lengths):
+        raise InvalidArgument(f"{operation}: {len(starts)} offsets for {len(lengths)} arrays; pass one per array")
+    for j, (start, n) in enumerate(zip(starts, lengths, strict=True)):
+        if start < 0 or start + n > capacity:
+            raise InvalidArgument(
+                f"{operation}: array {j} ({n} elements at offset {start}) does not fit in the bucket of "
+                f"{capacity} elements"
+            )
+    spans = sorted((start, start + n, j) for j, (start, n) in enumerate(zip(starts, lengths, strict=True)) if n)
+    for (_, end, j), (start, _, k) in itertools.pairwise(spans):
+        if start < end:
+            raise InvalidArgument(
+                f"{operation}: the slots of arrays {j} and {k} overlap in the bucket; fix the offsets"
+            )
+    return starts
