@@ -131,6 +131,15 @@ class StagedEngine:
             dst.copy_to_device(host)
             self.stats.add(to_device=host.nbytes)
 
+    def _chunk(self, itemsize: int, n: int, parts: int = 1) -> int:
+        """Elements per staged message: a segment's worth, or less for a small tensor."""
+        return max(1, min(self.segment_bytes // itemsize, -(-n // parts)))
+
+    def host_bytes(self) -> int:
+        """Bytes of host staging buffers the calling thread holds."""
+        pool: dict[tuple[str, int], Any] = self._local.__dict__.get("pool", {})
+        return sum(buf.nbytes for (kind, _), buf in pool.items() if kind == "host")
+
     def _segments(self, n: int, itemsize: int, parts: int) -> list[tuple[int, int]]:
         """Windows of ``x`` whose ``parts`` chunks each fit in one segment."""
         window = max(1, self.segment_bytes // itemsize) * parts
@@ -155,7 +164,7 @@ class StagedEngine:
         if p == 1:
             return  # AVG over one rank is the tensor itself
         right, left = (r + 1) % p, (r - 1) % p
-        chunk = max(1, self.segment_bytes // dt.itemsize)
+        chunk = self._chunk(dt.itemsize, x.shape[0], p)
         send, recv = self._host(0, chunk, x.dtype), self._host(1, chunk, x.dtype)
         incoming = self._scratch(0, chunk, x.dtype)
         for start, stop in self._segments(x.shape[0], dt.itemsize, p):
@@ -181,7 +190,7 @@ class StagedEngine:
     # -- broadcast and reduce (binomial tree) ----------------------------------------------
     def broadcast(self, call: Any, x: Any, root: int) -> None:
         parent, children = _tree(call.size, root, call.rank)
-        chunk = max(1, self.segment_bytes // x.dtype.itemsize)
+        chunk = self._chunk(x.dtype.itemsize, x.shape[0])
         host = self._host(0, chunk, x.dtype)
         for start, stop in self._segments(x.shape[0], x.dtype.itemsize, 1):
             seg = x[start:stop]
@@ -197,7 +206,7 @@ class StagedEngine:
     def reduce(self, call: Any, x: Any, root: int, dt: DType, op: ReduceOp, divisor: float) -> None:
         """Tree reduce into the root's ``x``; other ranks' ``x`` is left as it was."""
         parent, children = _tree(call.size, root, call.rank)
-        chunk = max(1, self.segment_bytes // dt.itemsize)
+        chunk = self._chunk(x.dtype.itemsize, x.shape[0])
         host = self._host(0, chunk, x.dtype)
         incoming = self._scratch(0, chunk, x.dtype)
         for start, stop in self._segments(x.shape[0], dt.itemsize, 1):
@@ -222,7 +231,7 @@ class StagedEngine:
     def all_gather(self, call: Any, x: Any, blocks: Sequence[Any]) -> None:
         p, r = call.size, call.rank
         right, left = (r + 1) % p, (r - 1) % p
-        chunk = max(1, self.segment_bytes // x.dtype.itemsize)
+        chunk = self._chunk(x.dtype.itemsize, x.shape[0])
         for start, stop in self._segments(x.shape[0], x.dtype.itemsize, 1):
             m = stop - start
             staged = self._host(0, chunk * p, x.dtype)
@@ -243,7 +252,7 @@ class StagedEngine:
         """``out`` = reduction over ranks of their ``blocks[rank]``; ``blocks`` are not modified."""
         p, r = call.size, call.rank
         right, left = (r + 1) % p, (r - 1) % p
-        chunk = max(1, self.segment_bytes // dt.itemsize)
+        chunk = self._chunk(out.dtype.itemsize, out.shape[0])
         send, recv = self._host(0, chunk, out.dtype), self._host(1, chunk, out.dtype)
         incoming = self._scratch(0, chunk, out.dtype)
         partial = self._scratch(1, chunk, out.dtype)
