@@ -21,11 +21,11 @@ import time
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import ferrodist.collectives as dist  # noqa: E402
-import ferrodist.core as fc  # noqa: E402
-from ferrodist.gpu import engine  # noqa: E402
+import ferrodist.collectives as dist
+import ferrodist.core as fc
+from ferrodist.gpu import engine
 
 
 def parse_size(text: str) -> int:
