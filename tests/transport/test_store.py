@@ -39,14 +39,21 @@ def test_set_get_add_check_delete(store):
 def test_get_and_wait_block_until_set_without_polling(store):
     server, client = store
     other = StoreClient("127.0.0.1", server.port, timeout=5, token=TOKEN)
-    threading.Timer(0.2, lambda: other.set("late", b"here")).start()
+    late = threading.Timer(0.2, lambda: other.set("late", b"here"))
+    late.start()
     start = time.monotonic()
     assert client.get("late", timeout=5) == b"here"
     assert 0.15 < time.monotonic() - start < 3
-    threading.Timer(0.1, lambda: other.set("k2", b"")).start()
+    late.join()
+    # A client is used by one thread at a time: the timer gets its own.
+    third = StoreClient("127.0.0.1", server.port, timeout=5, token=TOKEN)
+    k2 = threading.Timer(0.1, lambda: third.set("k2", b""))
+    k2.start()
     other.set("k1", b"")
     client.wait(["k1", "k2"], timeout=5)
+    k2.join()
     other.close()
+    third.close()
 
 
 def test_timeouts_name_the_missing_keys(store):
