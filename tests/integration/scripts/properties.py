@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 import ferrodist.collectives as dist
-from ferrodist.core import ALL_DTYPES, ReduceOp
+from ferrodist.core import ALL_DTYPES, InvalidArgument, ReduceOp
 from ferrodist.testing import assert_reduced, ref_all_to_all
 
 SEED = 20261122
@@ -135,6 +135,20 @@ def check_subgroups(rank: int, size: int) -> None:
         dist.barrier(group=group)
 
 
+def check_options_after_the_fast_path() -> None:
+    """A call already validated once takes a fast path on shm and MPI; options it cannot
+    honour must still be checked there."""
+    x = np.ones(3, np.float32)
+    dist.all_reduce(x)
+    dist.all_reduce(x)
+    try:
+        dist.all_reduce(x, compress="bf16")
+    except InvalidArgument as exc:
+        assert "CUDA tensors" in str(exc), exc
+    else:
+        raise AssertionError("compress='bf16' on a CPU tensor was accepted after the fast path")
+
+
 def main() -> None:
     total = int(sys.argv[1])
     backend = sys.argv[2] if len(sys.argv) > 2 else "tcp"
@@ -151,6 +165,7 @@ def main() -> None:
     for index, (kind, dt, op) in enumerate(cases):
         run_case(index, kind, dt, op, size, rank)
     check_subgroups(rank, size)
+    check_options_after_the_fast_path()
     dist.barrier()
     print(f"rank {rank} of {size}: {len(cases)} cases passed over {backend}")
     dist.destroy_process_group()

@@ -294,7 +294,11 @@ class ProcessGroup:
             group.all_reduce(x, ReduceOp.MAX)            # rank 0: [2, 20]  rank 1: [2, 20]
         """
         native = self._native
-        if native is not None and type(tensor) is np.ndarray and not (async_op or timeout or algorithm or self._debug):
+        if (
+            native is not None
+            and type(tensor) is np.ndarray
+            and not (async_op or timeout or algorithm or compress or self._debug)
+        ):
             plan = self._fast_plans.get((tensor.dtype, op, tensor.size))
             if plan is not None and tensor.flags.c_contiguous and tensor.flags.writeable:
                 self._fast_all_reduce(native, tensor, *plan)
