@@ -114,6 +114,25 @@ def test_destination_may_be_a_source(dt):
     np.testing.assert_array_equal(many[-1], expected)
 
 
+@pytest.mark.parametrize(("dt", "op"), PAIRS, ids=[f"{d.name}-{o.name}" for d, o in PAIRS])
+def test_in_place_reduction_over_many_blocks_matches_out_of_place(dt, op):
+    # An in-place call goes block by block through a private buffer (see _kernels.BLOCK):
+    # sizes around block boundaries, every source position as the destination.
+    rng = np.random.default_rng(len(PAIRS))
+    for n in (_kernels.BLOCK - 1, 2 * _kernels.BLOCK + 37):
+        low, high = (-2, 3) if op is ReduceOp.PRODUCT else (-100, 100)
+        srcs = [rng.integers(low, high, n).astype(dt.numpy) for _ in range(3)]
+        expected = np.empty(n, dt.numpy)
+        reduce_many(expected, srcs, op)
+        for position in range(3):
+            mine = [s.copy() for s in srcs]
+            reduce_many(mine[position], mine, op)
+            np.testing.assert_array_equal(mine[position].view(np.uint8), expected.view(np.uint8))
+            for q in range(3):
+                if q != position:
+                    np.testing.assert_array_equal(mine[q], srcs[q])
+
+
 def test_reduce_into_is_in_place_and_accepts_op_names():
     d = np.array([1, 5, -3], np.int32)
     reduce_into(d, np.array([4, 2, -7], np.int32), "min")

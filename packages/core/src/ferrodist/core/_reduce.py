@@ -8,7 +8,6 @@ For collective algorithms: :func:`reducer` returns the raw, validated-once calla
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -76,18 +75,6 @@ def _table() -> dict[tuple[str, ReduceOp], tuple[Any, np.dtype[Any] | None, int]
     return table
 
 
-_local = threading.local()
-
-
-def _buffer(count: int, dtype: np.dtype[Any]) -> Array:
-    """A per-thread scratch array of ``count`` elements (grows, never shrinks)."""
-    buf = getattr(_local, "buf", None)
-    nbytes = count * dtype.itemsize
-    if buf is None or buf.nbytes < nbytes:
-        buf = _local.buf = np.empty(max(nbytes, 4096), np.uint8)
-    return buf[:nbytes].view(dtype)
-
-
 @functools.cache
 def reducer(dt: DType, op: ReduceOp) -> Reducer:
     """The kernel for ``(dt, op)`` as ``fn(dst, srcs, divisor)``.
@@ -99,23 +86,13 @@ def reducer(dt: DType, op: ReduceOp) -> Reducer:
     The caller has checked the op with ``check_op``.
     """
     kernel, view, opcode = _table()[(dt.name, op)]
-    # LLVM vectorises the float16/bfloat16 loops only when dst overlaps no source (its
-    # run-time overlap check sends an aliased call to the scalar loop, ~7x slower): such
-    # calls go through a per-thread buffer instead.
-    unalias = dt.name in ("float16", "bfloat16")
-
     def run(dst: Array, srcs: Sequence[Array], divisor: float) -> None:
         if view is not None:
             dst = dst.view(view)
             srcs = [s.view(view) for s in srcs]
         rest = srcs[MAX_FUSED_SOURCES:]
         if not rest:
-            if unalias and any(np.may_share_memory(dst, s) for s in srcs):
-                result = _buffer(dst.shape[0], dst.dtype)
-                kernel(result, tuple(srcs), opcode, divisor)
-                dst[...] = result
-            else:
-                kernel(dst, tuple(srcs), opcode, divisor)
+            kernel(dst, tuple(srcs), opcode, divisor)  # an in-place call is blocked inside the kernel
             return
         # More sources than one kernel reads: fold them in groups, dividing only at the end.
         target = dst
