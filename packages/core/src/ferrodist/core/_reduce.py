@@ -86,6 +86,7 @@ def reducer(dt: DType, op: ReduceOp) -> Reducer:
     The caller has checked the op with ``check_op``.
     """
     kernel, view, opcode = _table()[(dt.name, op)]
+
     def run(dst: Array, srcs: Sequence[Array], divisor: float) -> None:
         if view is not None:
             dst = dst.view(view)
