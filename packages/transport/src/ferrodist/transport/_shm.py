@@ -126,28 +126,40 @@ class ShmCollectives:
     def _reduce_chunks(
         self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, root: int | None
     ) -> None:
-        """Per chunk: every rank copies it into its slot, reduces its share of all ranks'
-        slots (one fused pass), then every rank (``root=None``) or the root alone gathers."""
+        """Direct reduce-scatter + gather, chunk by chunk. Each chunk is cut into one block
+        per rank. A rank copies into its slot only the blocks other ranks reduce; it reduces
+        its own block from ``x`` and the peers' slots into its slot (one fused pass, never in
+        place, so the kernel vectorises), copies the result back into ``x``, and every rank (``root=None``) or the root
+        alone copies the other blocks from their owners'
+        slots. ``x`` is read once and written once, and its lines are still in cache when
+        they are written."""
         a, p, me = self._a, self._a.world, self._a.rank
         kernel = reducer(dt, op)
         divisor = float(p) if op is ReduceOp.AVG else 1.0
         per = self._per(dt)
+        gather = root is None or me == root
         for lo in range(0, x.shape[0], per):
             m = min(per, x.shape[0] - lo)
             g, s = self._chunk(deadline, fingerprint)
             slots = [a.slot(q, s, dt.numpy, m) for q in range(p)]
-            slots[me][...] = x[lo : lo + m]
+            mine, part = slots[me], x[lo : lo + m]
+            bounds = _split(m, p)
+            for q, (c0, c1) in enumerate(bounds):
+                if q != me:
+                    mine[c0:c1] = part[c0:c1]
             a.advance(COPIED, g + 1)
             self._wait(COPIED, g, deadline)
             a.check_call(range(p), s, fingerprint)
-            bounds = _split(m, p)
             b0, b1 = bounds[me]
-            kernel(slots[me][b0:b1], [slot[b0:b1] for slot in slots], divisor)
+            kernel(mine[b0:b1], [part[b0:b1] if q == me else slots[q][b0:b1] for q in range(p)], divisor)
+            if gather:
+                part[b0:b1] = mine[b0:b1]
             a.advance(REDUCED, g + 1)
-            if root is None or me == root:
+            if gather:
                 self._wait(REDUCED, g, deadline)
                 for q, (c0, c1) in enumerate(bounds):
-                    x[lo + c0 : lo + c1] = slots[q][c0:c1]
+                    if q != me:
+                        part[c0:c1] = slots[q][c0:c1]
             a.advance(GATHERED, g + 1)
 
     def broadcast(self, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0) -> None:
@@ -173,17 +185,22 @@ class ShmCollectives:
         for lo in range(0, n, per):
             m = min(per, n - lo)
             g, s = self._chunk(deadline, fingerprint)
-            a.slot(me, s, dt.numpy, m)[...] = x[lo : lo + m]
+            part = x[lo : lo + m]
+            a.slot(me, s, dt.numpy, m)[...] = part
             a.advance(COPIED, g + 1)
+            out[me * n + lo : me * n + lo + m] = part  # from x, still in cache, while peers copy in
             self._wait(COPIED, g, deadline)
             a.check_call(range(p), s, fingerprint)
             for q in range(p):
-                out[q * n + lo : q * n + lo + m] = a.slot(q, s, dt.numpy, m)
+                if q != me:
+                    out[q * n + lo : q * n + lo + m] = a.slot(q, s, dt.numpy, m)
             a.advance(GATHERED, g + 1)
 
     def reduce_scatter(
         self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0
     ) -> None:
+        """Per chunk: a rank copies into its slot the parts other ranks reduce, then reduces
+        its own part from its input and the peers' slots straight into ``out``."""
         a, p, me = self._a, self._a.world, self._a.rank
         kernel = reducer(dt, op)
         divisor = float(p) if op is ReduceOp.AVG else 1.0
@@ -193,12 +210,14 @@ class ShmCollectives:
             m = min(per, n - lo)
             g, s = self._chunk(deadline, fingerprint)
             mine = a.slot(me, s, dt.numpy, m * p)
-            for q in range(p):  # slot layout: this rank's contribution to rank q, then q+1, ...
-                mine[q * m : (q + 1) * m] = blocks[q * n + lo : q * n + lo + m]
+            for q in range(p):  # slot layout: this rank's contribution to rank q at q*m
+                if q != me:
+                    mine[q * m : (q + 1) * m] = blocks[q * n + lo : q * n + lo + m]
             a.advance(COPIED, g + 1)
             self._wait(COPIED, g, deadline)
             a.check_call(range(p), s, fingerprint)
-            parts = [a.slot(q, s, dt.numpy, m * p)[me * m : (me + 1) * m] for q in range(p)]
+            own = blocks[me * n + lo : me * n + lo + m]
+            parts = [own if q == me else a.slot(q, s, dt.numpy, m * p)[me * m : (me + 1) * m] for q in range(p)]
             kernel(out[lo : lo + m], parts, divisor)
             a.advance(GATHERED, g + 1)
 
