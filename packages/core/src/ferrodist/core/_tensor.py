@@ -4,6 +4,8 @@ are inspected."""
 
 from __future__ import annotations
 
+import math
+
 import sys
 from typing import Any
 
@@ -75,7 +77,7 @@ class Tensor:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self._array.shape, dtype=np.int64))
+        return math.prod(self._array.shape)  # np.prod costs ~10 us a call: on every collective's path
 
     @property
     def dtype(self) -> DType:
