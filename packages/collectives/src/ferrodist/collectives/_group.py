@@ -81,9 +81,10 @@ class ProcessGroup:
         self._worker_lock = threading.Lock()
         self._child_ids = itertools.count(1)  # ids of the groups new_group derives from this one
         self._children: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
-        # (numpy dtype, op as given, element count) -> (DType, ReduceOp, fingerprint) of
-        # all_reduce calls already validated once: later ones skip straight to the transport.
-        self._fast_plans: dict[tuple[Any, Any, int], tuple[Any, ReduceOp, int]] = {}
+        # (operation, numpy dtypes, element counts, op or root as given) -> what the checks
+        # worked out for calls on plain numpy arrays already validated once (DType, op or
+        # root, fingerprint): later calls of the same kind go straight to the transport.
+        self._fast_plans: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
         self._destroyed = False
 
     # -- identity ------------------------------------------------------------------------------
@@ -247,16 +248,27 @@ class ProcessGroup:
                 self._worker = Worker(f"ferrodist-{self._name}-rank{self._global_rank}")
             return self._worker
 
-    def _fast_all_reduce(self, native: Any, x: np.ndarray[Any, Any], dt: Any, op: ReduceOp, fp: int) -> None:
-        """all_reduce of a plain contiguous numpy array on the transport's own collectives,
-        with everything a previous call of this dtype, op and size validated already."""
+    def _fast_native(self, native: Any, timeout: float | None, async_op: bool) -> bool:
+        """Whether this call may take the fast path (the transport's own collectives, no options)."""
+        return native is not None and not (async_op or timeout or self._debug)
+
+    def _remember(self, key: tuple[Any, ...], plan: tuple[Any, Any, int], *arrays: Any) -> None:
+        """Keep ``plan`` for ``key`` when every array of the call is a plain numpy array."""
+        if self._debug or not all(type(a) is np.ndarray for a in arrays):
+            return
+        if len(self._fast_plans) > 1024:
+            self._fast_plans.clear()
+        self._fast_plans[key] = plan
+
+    def _fast(self, operation: str, run: Callable[[float], None]) -> None:
+        """Run a call validated before (see ``_fast_plans``): ``run(deadline)`` on the transport."""
         if self._destroyed:
-            self._member_rank("all_reduce")  # raises
+            self._member_rank(operation)  # raises
         seq = next(self._seq)
         try:
-            native.all_reduce(x.reshape(-1), dt, op, time.monotonic() + self._timeout, fp)
+            run(time.monotonic() + self._timeout)
         except FerrodistError as exc:
-            raise self._frame(exc, "all_reduce", seq, self._timeout).with_traceback(exc.__traceback__) from None
+            raise self._frame(exc, operation, seq, self._timeout).with_traceback(exc.__traceback__) from None
 
     def _native_for(self, t: Tensor, op: ReduceOp | None = None, algorithm: str | None = None) -> Any:
         """The transport's own collectives when they can do this call (and the caller did
@@ -294,14 +306,13 @@ class ProcessGroup:
             group.all_reduce(x, ReduceOp.MAX)            # rank 0: [2, 20]  rank 1: [2, 20]
         """
         native = self._native
-        if (
-            native is not None
-            and type(tensor) is np.ndarray
-            and not (async_op or timeout or algorithm or compress or self._debug)
-        ):
-            plan = self._fast_plans.get((tensor.dtype, op, tensor.size))
+        if type(tensor) is np.ndarray and self._fast_native(native, timeout, async_op or algorithm or compress):
+            plan = self._fast_plans.get(("all_reduce", tensor.dtype, op, tensor.size))
             if plan is not None and tensor.flags.c_contiguous and tensor.flags.writeable:
-                self._fast_all_reduce(native, tensor, *plan)
+                dt, reduce_op, fp = plan
+                self._fast(
+                    "all_reduce", lambda deadline: native.all_reduce(tensor.reshape(-1), dt, reduce_op, deadline, fp)
+                )
                 return None
         check = self._checker("all_reduce")
         t = check.tensor(tensor, writeable=True)
@@ -324,8 +335,8 @@ class ProcessGroup:
         engine = _ring.all_reduce if name == "ring" else _doubling.all_reduce
         kernel = reducer(t.dtype, reduce_op)
         native = self._native_for(t, reduce_op, algorithm)
-        if native is not None and not self._debug:
-            self._fast_plans[(t.numpy().dtype, op, t.numel)] = (t.dtype, reduce_op, fp)
+        if native is not None and type(tensor) is np.ndarray:
+            self._remember(("all_reduce", tensor.dtype, op, t.numel), (t.dtype, reduce_op, fp), tensor)
         return self._launch(
             "all_reduce",
             (lambda call: native.all_reduce(x, t.dtype, reduce_op, call.deadline, call.fingerprint))
@@ -347,6 +358,13 @@ class ProcessGroup:
             x = np.array([rank, rank])     # rank 0: [0, 0]  rank 1: [1, 1]
             group.broadcast(x, src=1)      # rank 0: [1, 1]  rank 1: [1, 1]
         """
+        native = self._native
+        if type(tensor) is np.ndarray and self._fast_native(native, timeout, async_op):
+            plan = self._fast_plans.get(("broadcast", tensor.dtype, tensor.size, src))
+            if plan is not None and tensor.flags.c_contiguous and (tensor.flags.writeable or plan[1] == self._rank):
+                dt, root, fp = plan
+                self._fast("broadcast", lambda deadline: native.broadcast(tensor.reshape(-1), root, dt, deadline, fp))
+                return None
         check = self._checker("broadcast")
         root = check.root(src, self.size, "src")
         t = check.tensor(tensor, writeable=self._rank != root)
@@ -354,6 +372,8 @@ class ProcessGroup:
         fp = fingerprint("broadcast", t.dtype, t.numel, root=root)
         dev = _device.engine(self._global_rank, "broadcast", [t])
         native = None if dev else self._native_for(t)
+        if native is not None and type(tensor) is np.ndarray:
+            self._remember(("broadcast", tensor.dtype, t.numel, src), (t.dtype, root, fp), tensor)
         return self._launch(
             "broadcast",
             (lambda call: dev.broadcast(call, x, root))
@@ -418,12 +438,25 @@ class ProcessGroup:
             out = [np.empty(1), np.empty(1)]
             group.all_gather(out, np.array([rank * 1.0]))   # every rank: [[0.], [1.]]
         """
+        native = self._native
+        if type(tensor) is np.ndarray and type(output) is np.ndarray and self._fast_native(native, timeout, async_op):
+            plan = self._fast_plans.get(("all_gather", tensor.dtype, tensor.size, output.dtype, output.size))
+            if plan is not None and tensor.flags.c_contiguous and output.flags.c_contiguous and output.flags.writeable:
+                dt, _, fp = plan
+                self._fast(
+                    "all_gather",
+                    lambda deadline: native.all_gather(tensor.reshape(-1), output.reshape(-1), dt, deadline, fp),
+                )
+                return None
         check = self._checker("all_gather")
         t = check.tensor(tensor)
         blocks = check.blocks(output, t, self.size, "output", writeable=True)
         x = t.flat()
         dev = _device.engine(self._global_rank, "all_gather", [t, *check.seen])
         native = None if dev else self._native_for(t)
+        if native is not None and type(tensor) is np.ndarray and type(output) is np.ndarray:
+            key = ("all_gather", tensor.dtype, t.numel, output.dtype, output.size)
+            self._remember(key, (t.dtype, None, fingerprint("all_gather", t.dtype, t.numel)), tensor, output)
 
         def body(call: Call) -> None:
             if dev:
@@ -456,6 +489,18 @@ class ProcessGroup:
             out = np.empty(1)
             group.reduce_scatter(out, np.array([1.0, 2.0]))   # rank 0: [2.]  rank 1: [4.]
         """
+        native = self._native
+        if type(output) is np.ndarray and type(input) is np.ndarray and self._fast_native(native, timeout, async_op):
+            plan = self._fast_plans.get(("reduce_scatter", output.dtype, output.size, input.dtype, input.size, op))
+            if plan is not None and output.flags.c_contiguous and output.flags.writeable and input.flags.c_contiguous:
+                dt, reduce_op, fp = plan
+                self._fast(
+                    "reduce_scatter",
+                    lambda deadline: native.reduce_scatter(
+                        input.reshape(-1), output.reshape(-1), dt, reduce_op, deadline, fp
+                    ),
+                )
+                return None
         check = self._checker("reduce_scatter")
         out_t = check.tensor(output, "output", writeable=True)
         blocks = check.blocks(input, out_t, self.size, "input", writeable=False)
@@ -465,6 +510,10 @@ class ProcessGroup:
         out = out_t.flat()
         dev = _device.engine(self._global_rank, "reduce_scatter", [out_t, *check.seen])
         native = None if dev else self._native_for(out_t, reduce_op)
+        if native is not None and self.size > 1 and type(output) is np.ndarray and type(input) is np.ndarray:
+            key = ("reduce_scatter", output.dtype, out_t.numel, input.dtype, input.size, op)
+            plan = (out_t.dtype, reduce_op, fingerprint("reduce_scatter", out_t.dtype, out_t.numel, reduce_op))
+            self._remember(key, plan, output, input)
 
         def body(call: Call) -> None:
             if dev:
