@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ._errors import InvalidArgument
@@ -46,17 +45,26 @@ class DType:
         kind: ``"bool"``, ``"int"``, ``"uint"`` or ``"float"``.
         nccl: the ``ncclDataType_t`` value, or ``None`` where NCCL has no such type.
         ops: the reduce ops this dtype supports.
+        itemsize: bytes per element.
     """
 
     name: str
-    numpy: np.dtype[Any]
+    _numpy: np.dtype[Any] | None  # None: ml_dtypes' type of this name, imported on first use
     kind: str
     nccl: int | None
     ops: frozenset[ReduceOp]
+    itemsize: int
 
     @property
-    def itemsize(self) -> int:
-        return int(self.numpy.itemsize)
+    def numpy(self) -> np.dtype[Any]:
+        found = self._numpy
+        if found is None:
+            # ml_dtypes takes ~0.1 s to import: only a program that uses bfloat16 pays for it.
+            import ml_dtypes
+
+            found = np.dtype(getattr(ml_dtypes, self.name))
+            object.__setattr__(self, "_numpy", found)
+        return found
 
     @property
     def is_floating(self) -> bool:
@@ -69,19 +77,24 @@ class DType:
         return (dtype, (self.name,))
 
 
-bool_ = DType("bool", np.dtype(np.bool_), "bool", 1, _INT_OPS)
-int8 = DType("int8", np.dtype(np.int8), "int", 0, _INT_OPS)
-uint8 = DType("uint8", np.dtype(np.uint8), "uint", 1, _INT_OPS)
-int16 = DType("int16", np.dtype(np.int16), "int", None, _INT_OPS)
-uint16 = DType("uint16", np.dtype(np.uint16), "uint", None, _INT_OPS)
-int32 = DType("int32", np.dtype(np.int32), "int", 2, _INT_OPS)
-uint32 = DType("uint32", np.dtype(np.uint32), "uint", 3, _INT_OPS)
-int64 = DType("int64", np.dtype(np.int64), "int", 4, _INT_OPS)
-uint64 = DType("uint64", np.dtype(np.uint64), "uint", 5, _INT_OPS)
-float16 = DType("float16", np.dtype(np.float16), "float", 6, _FLOAT_OPS)
-bfloat16 = DType("bfloat16", np.dtype(ml_dtypes.bfloat16), "float", 9, _FLOAT_OPS)
-float32 = DType("float32", np.dtype(np.float32), "float", 7, _FLOAT_OPS)
-float64 = DType("float64", np.dtype(np.float64), "float", 8, _FLOAT_OPS)
+def _of(np_type: Any, name: str, kind: str, nccl: int | None, ops: frozenset[ReduceOp]) -> DType:
+    numpy_dtype = np.dtype(np_type)
+    return DType(name, numpy_dtype, kind, nccl, ops, numpy_dtype.itemsize)
+
+
+bool_ = _of(np.bool_, "bool", "bool", 1, _INT_OPS)
+int8 = _of(np.int8, "int8", "int", 0, _INT_OPS)
+uint8 = _of(np.uint8, "uint8", "uint", 1, _INT_OPS)
+int16 = _of(np.int16, "int16", "int", None, _INT_OPS)
+uint16 = _of(np.uint16, "uint16", "uint", None, _INT_OPS)
+int32 = _of(np.int32, "int32", "int", 2, _INT_OPS)
+uint32 = _of(np.uint32, "uint32", "uint", 3, _INT_OPS)
+int64 = _of(np.int64, "int64", "int", 4, _INT_OPS)
+uint64 = _of(np.uint64, "uint64", "uint", 5, _INT_OPS)
+float16 = _of(np.float16, "float16", "float", 6, _FLOAT_OPS)
+bfloat16 = DType("bfloat16", None, "float", 9, _FLOAT_OPS, 2)
+float32 = _of(np.float32, "float32", "float", 7, _FLOAT_OPS)
+float64 = _of(np.float64, "float64", "float", 8, _FLOAT_OPS)
 
 ALL_DTYPES: tuple[DType, ...] = (
     bool_,
@@ -99,7 +112,7 @@ ALL_DTYPES: tuple[DType, ...] = (
     float64,
 )
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
-_BY_NUMPY = {d.numpy: d for d in ALL_DTYPES}
+_BY_NUMPY = {d.numpy: d for d in ALL_DTYPES if d is not bfloat16}
 _SUPPORTED = ", ".join(d.name for d in ALL_DTYPES)
 
 
@@ -114,9 +127,13 @@ def dtype(value: object) -> DType:
     if isinstance(value, str) and value in _BY_NAME:
         return _BY_NAME[value]
     try:
-        found = _BY_NUMPY.get(np.dtype(value))  # type: ignore[call-overload]
+        as_numpy = np.dtype(value)  # type: ignore[call-overload]
     except TypeError:
         found = None
+    else:
+        found = _BY_NUMPY.get(as_numpy)
+        if found is None and as_numpy.name == "bfloat16" and as_numpy == bfloat16.numpy:
+            found = bfloat16
     if found is None:
         raise InvalidArgument(f"dtype {value!r} is not supported; ferrodist supports {_SUPPORTED}")
     return found

@@ -5,7 +5,6 @@ are inspected."""
 from __future__ import annotations
 
 import math
-
 import sys
 from typing import Any
 

@@ -6,8 +6,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ferrodist.core import FerrodistError
-
 from ._bench import OPS, REFERENCES, BenchSpec, machine, startup, sweep
 from ._report import plot, table, write_json
 from ._run import run
@@ -97,7 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             master_port=args.master_port,
             grace=args.grace,
         )
-    except FerrodistError as exc:
+    except Exception as exc:
+        # ferrodist.core (numpy, ml_dtypes) is imported only here: `ferrodist run` starts the
+        # ranks without waiting for it.
+        from ferrodist.core import FerrodistError
+
+        if not isinstance(exc, FerrodistError):
+            raise
         print(f"ferrodist: {exc}", file=sys.stderr)
         return 2
     return result.exit_code

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import secrets
+import select
 import signal
 import socket
 import subprocess
@@ -14,8 +16,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
-
-from ferrodist.core import InvalidArgument
 
 __all__ = ["JobResult", "run"]
 
@@ -71,9 +71,9 @@ def run(
     SIGKILL after ``grace`` seconds, and the result names the first rank that failed.
     """
     if nprocs < 1:
-        raise InvalidArgument(f"ferrodist run: -n must be at least 1, not {nprocs}")
+        raise _invalid(f"ferrodist run: -n must be at least 1, not {nprocs}")
     if not command:
-        raise InvalidArgument("ferrodist run: give the script (or command) to run")
+        raise _invalid("ferrodist run: give the script (or command) to run")
     argv = list(command)
     if argv[0].endswith(".py"):
         argv = [sys.executable, "-u", *argv]
@@ -104,7 +104,7 @@ def run(
             )
         except OSError as exc:
             _terminate(procs, grace)
-            raise InvalidArgument(f"ferrodist run: cannot start {argv[0]!r}: {exc.strerror}") from None
+            raise _invalid(f"ferrodist run: cannot start {argv[0]!r}: {exc.strerror}") from None
         procs.append(proc)
         pump = threading.Thread(target=_pump, args=(proc, rank, sink, lock), daemon=True)
         pump.start()
@@ -154,8 +154,35 @@ def remove_shared_memory(job: str, directory: str = "/dev/shm") -> list[str]:
     return removed
 
 
+def _invalid(message: str) -> Exception:
+    """``InvalidArgument(message)``; ferrodist.core (numpy) is imported only on this error path,
+    so that starting the ranks does not wait for it."""
+    errors = importlib.import_module("ferrodist.core")
+    return errors.InvalidArgument(message)  # type: ignore[no-any-return]
+
+
 def _watch(procs: list[subprocess.Popen[bytes]]) -> int | None:
-    """Wait until every rank has exited (None) or one has failed (its rank)."""
+    """Wait until every rank has exited (None) or one has failed (its rank).
+
+    Sleeps on the ranks' pidfds (woken the moment one exits); polls every 50 ms where the
+    system has none."""
+    try:
+        fds = {os.pidfd_open(proc.pid): proc for proc in procs}
+    except (AttributeError, OSError):
+        fds = {}
+    try:
+        while fds:
+            ready, _, _ = select.select(list(fds), [], [], 1.0)
+            for fd in ready:
+                proc = fds.pop(fd)
+                os.close(fd)
+                if proc.wait() != 0:
+                    return procs.index(proc)
+        if all(proc.poll() == 0 for proc in procs):
+            return None
+    finally:
+        for fd in fds:
+            os.close(fd)
     while True:
         running = False
         for rank, proc in enumerate(procs):
