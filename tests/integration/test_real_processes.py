@@ -107,14 +107,18 @@ def test_a_rank_that_skips_a_collective_is_named_by_every_rank_that_waited(tmp_p
         assert "ranks that never reached call #1: [2]" in error["message"]
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_mismatched_sizes_are_reported_with_what_each_rank_called(tmp_path, backend):
-    done, errors = run_fault("mismatch", tmp_path, backend)
+@pytest.mark.parametrize(
+    ("backend", "mode", "count"),
+    [("tcp", "mismatch", 1000), ("shm", "mismatch", 1000), ("shm", "mismatch-large", 1 << 20)],
+    ids=["tcp", "shm", "shm-chunked"],
+)
+def test_mismatched_sizes_are_reported_with_what_each_rank_called(tmp_path, backend, mode, count):
+    done, errors = run_fault(mode, tmp_path, backend)
     assert done.returncode == 1
     mismatches = [e for e in errors.values() if e["class"] == "CollectiveMismatch"]
     assert mismatches, errors
-    assert any("all_reduce(float32 x 999, op=SUM)" in e["message"] for e in mismatches)
-    assert any("all_reduce(float32 x 1000, op=SUM)" in e["message"] for e in mismatches)
+    assert any(f"all_reduce(float32 x {count - 1}, op=SUM)" in e["message"] for e in mismatches)
+    assert any(f"all_reduce(float32 x {count}, op=SUM)" in e["message"] for e in mismatches)
     for error in mismatches:
         assert error["seconds"] < 5
 

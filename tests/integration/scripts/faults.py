@@ -3,7 +3,8 @@
 
 MODE kill:     rank 1 kills itself with SIGKILL in the middle of a large all_reduce.
 MODE skip:     rank 2 never calls the all_reduce the others are in.
-MODE mismatch: rank 1 all_reduces a different number of elements than the others.
+MODE mismatch: rank 1 all_reduces a different number of elements than the others
+(mismatch-large: the same with 4 MiB, which shm moves in many chunks).
 Every rank records its pid; a rank that catches a ferrodist error records it as JSON
 (class, message, attributes, seconds it took) and exits 1.
 """
@@ -31,7 +32,7 @@ def main() -> None:
     rank = dist.get_rank()
     (outdir / f"pid{rank}").write_text(str(os.getpid()))
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # survivors report, then leave by themselves
-    x = np.ones(16 << 20 if mode == "kill" else 1000, np.float32)
+    x = np.ones({"kill": 16 << 20, "mismatch-large": 1 << 20}.get(mode, 1000), np.float32)
     dist.all_reduce(x[:10])  # everyone is connected and in step
     if mode == "kill" and rank == 1:
         threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
@@ -39,8 +40,8 @@ def main() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         time.sleep(4 if backend == "mpi" else 60)  # under mpiexec: come back, so MPI can finish
         return
-    if mode == "mismatch" and rank == 1:
-        x = x[:999]
+    if mode.startswith("mismatch") and rank == 1:
+        x = x[: x.size - 1]
     # Over tcp force the ring (its neighbours are known); over shm use the arena.
     algorithm = "ring" if backend == "tcp" else None
     start = time.monotonic()

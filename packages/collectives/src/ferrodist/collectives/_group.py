@@ -306,7 +306,7 @@ class ProcessGroup:
             group.all_reduce(x, ReduceOp.MAX)            # rank 0: [2, 20]  rank 1: [2, 20]
         """
         native = self._native
-        if type(tensor) is np.ndarray and self._fast_native(native, timeout, async_op or algorithm or compress):
+        if type(tensor) is np.ndarray and self._fast_native(native, timeout, bool(async_op or algorithm or compress)):
             plan = self._fast_plans.get(("all_reduce", tensor.dtype, op, tensor.size))
             if plan is not None and tensor.flags.c_contiguous and tensor.flags.writeable:
                 dt, reduce_op, fp = plan

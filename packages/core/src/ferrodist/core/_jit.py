@@ -15,7 +15,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["bits_from_f32", "f32_from_bits", "jit", "load_acquire", "store_release"]
+__all__ = ["bits_from_f32", "copy_into", "f32_from_bits", "jit", "load_acquire", "store_release"]
 
 
 def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
@@ -94,5 +94,78 @@ def store_release(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
         word = context.cast(builder, args[2], signature.args[2], types.uint64)
         builder.store_atomic(word, _element_pointer(context, builder, signature, args), "release", 8)
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def copy_into(typingctx: Any, dst: Any, src: Any) -> Any:
+    """``dst[:] = src`` for one-dimensional C-contiguous arrays of one dtype and length, as one
+    ``memcpy`` (Numba's own slice assignment is an element loop). The caller checks lengths."""
+    if not (
+        isinstance(dst, types.Array)
+        and isinstance(src, types.Array)
+        and dst.ndim == src.ndim == 1
+        and dst.layout == src.layout == "C"
+        and dst.dtype == src.dtype
+    ):
+        return None
+    sig = types.void(dst, src)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        from numba.core import cgutils
+
+        out = context.make_array(signature.args[0])(context, builder, args[0])
+        inp = context.make_array(signature.args[1])(context, builder, args[1])
+        nbytes = builder.mul(inp.nitems, inp.itemsize)
+        cgutils.raw_memcpy(builder, out.data, inp.data, nbytes, 1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _hardware_half() -> bool:
+    """Whether LLVM turns float16 <-> float32 conversions into instructions here (x86 with
+    F16C, or AArch64); elsewhere they would be calls to runtime helpers Numba does not link."""
+    import platform
+
+    from llvmlite import binding
+
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return True
+    try:
+        return bool(binding.get_host_cpu_features().get("f16c", False))
+    except RuntimeError:
+        return False
+
+
+#: True where the kernels convert float16 with the CPU's own instructions (vectorised, and
+#: exact both ways, rounding to nearest-even); the software conversions stay for the rest.
+HARDWARE_HALF = _hardware_half()
+
+
+@intrinsic
+def f32_from_f16_bits(typingctx: Any, bits: Any) -> Any:
+    """The float32 value of float16 bits (exact), with the CPU's conversion instruction."""
+    if bits != types.uint16:
+        return None
+    sig = types.float32(bits)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def f16_bits_from_f32(typingctx: Any, value: Any) -> Any:
+    """float32 rounded to the nearest float16 (ties to even, overflow to inf), as its bits."""
+    if value != types.float32:
+        return None
+    sig = types.uint16(value)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
 
     return sig, codegen

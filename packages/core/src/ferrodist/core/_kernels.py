@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._jit import bits_from_f32, f32_from_bits, jit
+from ._jit import HARDWARE_HALF, bits_from_f32, f16_bits_from_f32, f32_from_bits, f32_from_f16_bits, jit
 
 # Opcodes: the values of ReduceOp (kernels see plain ints; Numba freezes these at compile time).
 SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR = range(8)
@@ -149,6 +149,8 @@ def _bf16_store(x):  # type: ignore[no-untyped-def]
 
 @jit(inline="always")
 def _f16_load(h):  # type: ignore[no-untyped-def]
+    if HARDWARE_HALF:  # a compile-time constant: one of the two ways is compiled
+        return f32_from_f16_bits(np.uint16(h))  # a NaN comes out quietened (see f16_to_f32)
     # Shift exponent and mantissa into float32 position, then fix up the exponent.
     body = (np.int64(h) & 0x7FFF) << 13
     exponent = body & 0x0F800000
@@ -166,6 +168,11 @@ def _f16_load(h):  # type: ignore[no-untyped-def]
 
 @jit(inline="always")
 def _f16_store(x):  # type: ignore[no-untyped-def]
+    if HARDWARE_HALF:
+        half = f16_bits_from_f32(np.float32(x))
+        if (half & 0x7FFF) > 0x7C00:  # NaN: the canonical quiet NaN, as the software way gives
+            return np.uint16((half & 0x8000) | 0x7E00)
+        return half
     bits = bits_from_f32(np.float32(x))
     sign = (bits >> 16) & 0x8000
     mag = bits & 0x7FFFFFFF
@@ -305,8 +312,14 @@ def f32_to_bf16(dst, src):  # type: ignore[no-untyped-def]
 
 @jit
 def f16_to_f32(dst, src):  # type: ignore[no-untyped-def]
+    """Widen float16 bit patterns to float32, NaN payloads kept bit for bit (as numpy does;
+    the reductions need not: their results round through ``_f16_store``)."""
     for i in range(dst.shape[0]):
-        dst[i] = _f16_load(src[i])
+        h = np.int64(src[i])
+        if (h & 0x7FFF) > 0x7C00:
+            dst[i] = f32_from_bits(((h & 0x8000) << 16) | 0x7F800000 | ((h & 0x3FF) << 13))
+        else:
+            dst[i] = _f16_load(src[i])
 
 
 @jit

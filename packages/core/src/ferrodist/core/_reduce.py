@@ -75,6 +75,16 @@ def _table() -> dict[tuple[str, ReduceOp], tuple[Any, np.dtype[Any] | None, int]
     return table
 
 
+def pairwise_opcode(dt: DType, op: ReduceOp) -> tuple[np.dtype[Any] | None, int] | None:
+    """For code that folds sources two at a time in the array's own precision (and so gets
+    the same bits as the kernels): the view to apply first (bool as uint8, else None) and the
+    opcode. None for float16/bfloat16, whose kernels accumulate in float32 and round once."""
+    _, view, opcode = _table()[(dt.name, op)]
+    if dt.name in ("float16", "bfloat16"):
+        return None
+    return view, opcode
+
+
 @functools.cache
 def reducer(dt: DType, op: ReduceOp) -> Reducer:
     """The kernel for ``(dt, op)`` as ``fn(dst, srcs, divisor)``.

@@ -90,6 +90,21 @@ class Arena:
             pass  # a view is still alive somewhere: the mapping goes when it does
 
     # -- data ------------------------------------------------------------------------------------
+    @property
+    def data(self) -> np.ndarray[Any, Any]:
+        """Every rank's slots, as bytes (rank r's slot s at ``(r * slots + s) * chunk``)."""
+        return self._data
+
+    @property
+    def words(self) -> np.ndarray[Any, Any]:
+        """The control words (see the module docstring), for compiled loops."""
+        return self._words
+
+    @property
+    def spins(self) -> int:
+        """How long a wait spins before it sleeps."""
+        return self._spins
+
     def slot(self, rank: int, index: int, dtype: np.dtype[Any], count: int) -> np.ndarray[Any, Any]:
         start = (rank * self.slots + index) * self.chunk
         return self._data[start : start + count * dtype.itemsize].view(dtype)
@@ -103,6 +118,10 @@ class Arena:
         index = (self.rank * COUNTERS + which) * _WORDS_PER_LINE
         if publish(self._words, index, value, COUNTERS * _WORDS_PER_LINE, which * _WORDS_PER_LINE + 1, self.world):
             _futex.wake(self._base + index * 8)
+
+    def wake(self, which: int) -> None:
+        """Wake ranks asleep on this rank's counter ``which`` (after a compiled loop published it)."""
+        _futex.wake(self._base + (self.rank * COUNTERS + which) * LINE)
 
     def publish_call(self, slot: int, fingerprint: int) -> None:
         """Say which call the chunk in ``slot`` belongs to (before publishing that chunk)."""

@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from ferrodist.core import BackendUnavailable, DType, InvalidArgument, ReduceOp, reducer
+from ferrodist.core._reduce import pairwise_opcode
 
+from . import _chunks
 from ._arena import BARRIER, COPIED, GATHERED, REDUCED, Arena
 from ._protocol import DEFAULT_TIMEOUT
 from ._tcp import TcpTransport
@@ -57,6 +59,7 @@ class ShmCollectives:
         self._health = health
         self._rank = global_rank
         self._plans: dict[tuple[str, int, int], tuple[list[list[Array]], Any, float]] = {}
+        self._state = _chunks.new_state()
 
     @property
     def size(self) -> int:
@@ -134,9 +137,14 @@ class ShmCollectives:
         slots. ``x`` is read once and written once, and its lines are still in cache when
         they are written."""
         a, p, me = self._a, self._a.world, self._a.rank
-        kernel = reducer(dt, op)
         divisor = float(p) if op is ReduceOp.AVG else 1.0
         per = self._per(dt)
+        pairwise = pairwise_opcode(dt, op)
+        if pairwise is not None and p > 1:
+            view, opcode = pairwise
+            self._compiled_chunks(x if view is None else x.view(view), opcode, divisor, deadline, fingerprint, root)
+            return
+        kernel = reducer(dt, op)
         gather = root is None or me == root
         for lo in range(0, x.shape[0], per):
             m = min(per, x.shape[0] - lo)
@@ -161,6 +169,34 @@ class ShmCollectives:
                     if q != me:
                         part[c0:c1] = slots[q][c0:c1]
             a.advance(GATHERED, g + 1)
+
+    def _compiled_chunks(
+        self, x: Array, opcode: int, divisor: float, deadline: float, fingerprint: int, root: int | None
+    ) -> None:
+        """The same pipeline as one compiled loop (``_chunks.all_reduce``); this drives it
+        through what needs Python: sleeping in a wait, waking a sleeping peer, errors."""
+        a, state = self._a, self._state
+        state[:] = 0
+        state[_chunks.CHUNK] = a.chunks
+        target_root = -1 if root is None else root
+        try:
+            while True:
+                status = _chunks.all_reduce(
+                    x, a.data, a.words, state, a.rank, a.world, a.slots, a.chunk,
+                    opcode, divisor, fingerprint, a.spins, target_root,
+                )  # fmt: skip
+                if status == _chunks.DONE:
+                    return
+                which = int(state[_chunks.WHICH])
+                if status == _chunks.WAIT:
+                    a.wait(which, int(state[_chunks.TARGET]), deadline, self._health)
+                elif status == _chunks.WAKE:
+                    a.wake(which)
+                else:
+                    a.check_call(range(a.world), int(state[_chunks.SLOT]), fingerprint)  # raises the mismatch
+                    raise AssertionError("the compiled loop saw a mismatch that check_call does not")
+        finally:
+            a.chunks = int(state[_chunks.CHUNK])
 
     def broadcast(self, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0) -> None:
         a, me = self._a, self._a.rank

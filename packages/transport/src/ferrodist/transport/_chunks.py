@@ -1,0 +1,178 @@
+"""The shared-memory all_reduce pipeline as one compiled loop (no Python per chunk).
+
+``ShmCollectives`` runs each chunk of a large all_reduce or reduce in three phases:
+
+    0  wait until the slot is free everywhere; copy into this rank's slot the blocks
+       other ranks reduce; publish COPIED
+    1  wait for every rank's COPIED; check that they are in this call; fold this rank's
+       block from ``x`` and the peers' slots into its slot, in rank order; copy the
+       result back into ``x``; publish REDUCED
+    2  wait for every rank's REDUCED; copy the other blocks from their owners' slots;
+       publish GATHERED
+
+:func:`all_reduce` runs that loop until the end, or until it would have to block: a wait
+that spinning did not satisfy (``WAIT``), a peer that sleeps and must be woken after a
+publish (``WAKE``), or a peer in another call (``MISMATCH``). It then returns, with where
+it stopped in ``state``; the caller does what needs Python (a futex sleep bounded by the
+deadline, a health check, a wake-up, the error) and calls it again.
+
+Sources are folded two at a time in the array's own precision, which gives the same bits
+as the reduction kernels (so this loop serves every dtype but float16/bfloat16).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import types
+from numba.extending import overload
+
+from ferrodist.core._jit import copy_into, jit, store_release
+from ferrodist.core._kernels import _combine, _combine_float
+
+from ._arena import CALL, COPIED, COUNTERS, GATHERED, LINE, REDUCED
+from ._spin import first_different, publish, spin_until
+
+__all__ = ["DONE", "MISMATCH", "STATE", "WAIT", "WAKE", "all_reduce"]
+
+DONE, WAIT, WAKE, MISMATCH = range(4)
+#: ``state`` words: next element, next chunk number, phase, and for a return other than
+#: DONE: the counter to wait for / wake, the target value, the slot of the mismatch.
+LO, CHUNK, PHASE, WHICH, TARGET, SLOT = range(6)
+STATE = 6
+
+_WORDS = LINE // 8
+_STRIDE = COUNTERS * _WORDS  # words between two ranks' copies of one counter
+
+
+def _combine_any(a, b, op):  # type: ignore[no-untyped-def]
+    """``a (op) b`` for the array's dtype (typed by the overload below)."""
+
+
+@overload(_combine_any)
+def _combine_any_typed(a, b, op):  # type: ignore[no-untyped-def]
+    if isinstance(a, types.Float):
+        return lambda a, b, op: _combine_float(a, b, op)
+    return lambda a, b, op: _combine(a, b, op)
+
+
+@jit(inline="always")
+def _fold(out, a, b, op, divisor):  # type: ignore[no-untyped-def]
+    """``out = (a op b) / divisor``; ``out`` overlaps neither source."""
+    if divisor == 1.0:
+        for i in range(out.shape[0]):
+            out[i] = _combine_any(a[i], b[i], op)
+    else:
+        for i in range(out.shape[0]):
+            out[i] = _combine_any(a[i], b[i], op) / divisor
+
+
+@jit(inline="always")
+def _fold_in(out, b, op, divisor):  # type: ignore[no-untyped-def]
+    """``out = (out op b) / divisor``."""
+    if divisor == 1.0:
+        for i in range(out.shape[0]):
+            out[i] = _combine_any(out[i], b[i], op)
+    else:
+        for i in range(out.shape[0]):
+            out[i] = _combine_any(out[i], b[i], op) / divisor
+
+
+@jit(inline="always")
+def _bounds(m, p, q):  # type: ignore[no-untyped-def]
+    """Rank q's block of an m-element chunk (the split of ``_shm._split``)."""
+    base, extra = m // p, m % p
+    start = q * base + min(q, extra)
+    return start, start + base + (1 if q < extra else 0)
+
+
+@jit(inline="always")
+def _slot(data, x, q, s, slots, chunk, m):  # type: ignore[no-untyped-def]
+    start = (q * slots + s) * chunk
+    return data[start : start + m * x.itemsize].view(x.dtype)
+
+
+@jit(inline="always")
+def _source(data, x, part, me, q, s, slots, chunk, m):  # type: ignore[no-untyped-def]
+    return part if q == me else _slot(data, x, q, s, slots, chunk, m)
+
+
+@jit(inline="always")
+def _advance(words, me, which, value, p):  # type: ignore[no-untyped-def]
+    """Publish this rank's counter; True if a rank may be asleep and needs waking."""
+    return publish(words, (me * COUNTERS + which) * _WORDS, value, _STRIDE, which * _WORDS + 1, p)
+
+
+@jit(inline="always")
+def _reached(words, which, target, p, spins):  # type: ignore[no-untyped-def]
+    return spin_until(words, _STRIDE, which * _WORDS, 0, p, target, spins) < 0
+
+
+@jit(inline="always")
+def _stop(state, lo, g, phase, which, target, status):  # type: ignore[no-untyped-def]
+    state[LO], state[CHUNK], state[PHASE] = lo, g, phase
+    state[WHICH], state[TARGET] = which, target
+    return status
+
+
+@jit
+def all_reduce(x, data, words, state, me, p, slots, chunk, op, divisor, fingerprint, spins, root):  # type: ignore[no-untyped-def]
+    """Run (or resume, from ``state``) the chunk loop of an all_reduce (``root < 0``) or a
+    reduce to ``root`` over the flat array ``x``; returns DONE, WAIT, WAKE or MISMATCH."""
+    n = x.shape[0]
+    per = chunk // x.itemsize
+    lo, g, phase = state[LO], state[CHUNK], state[PHASE]
+    gather = root < 0 or root == me
+    while lo < n:
+        m = min(per, n - lo)
+        s = g % slots
+        part = x[lo : lo + m]
+        mine = _slot(data, x, me, s, slots, chunk, m)
+        b0, b1 = _bounds(m, p, me)
+        if phase == 0:
+            if g >= slots and not _reached(words, GATHERED, g - slots + 1, p, spins):
+                return _stop(state, lo, g, 0, GATHERED, g - slots + 1, WAIT)
+            # The chunk's call, for peers to check; published by the release store of COPIED.
+            store_release(words, (me * COUNTERS + CALL) * _WORDS + 2 + s, fingerprint)
+            for q in range(p):
+                if q != me:
+                    c0, c1 = _bounds(m, p, q)
+                    copy_into(mine[c0:c1], part[c0:c1])
+            phase = 1
+            if _advance(words, me, COPIED, g + 1, p):
+                return _stop(state, lo, g, 1, COPIED, g + 1, WAKE)
+        if phase == 1:
+            if not _reached(words, COPIED, g + 1, p, spins):
+                return _stop(state, lo, g, 1, COPIED, g + 1, WAIT)
+            if fingerprint != 0 and first_different(words, _STRIDE, CALL * _WORDS + 2 + s, 0, p, fingerprint) >= 0:
+                state[SLOT] = s
+                return _stop(state, lo, g, 1, COPIED, g + 1, MISMATCH)
+            out = mine[b0:b1]
+            first = _source(data, x, part, me, 0, s, slots, chunk, m)[b0:b1]
+            second = _source(data, x, part, me, 1, s, slots, chunk, m)[b0:b1]
+            _fold(out, first, second, op, divisor if p == 2 else 1.0)
+            for q in range(2, p):
+                _fold_in(
+                    out, _source(data, x, part, me, q, s, slots, chunk, m)[b0:b1], op, divisor if q == p - 1 else 1.0
+                )
+            if gather:
+                copy_into(part[b0:b1], out)
+            phase = 2
+            if _advance(words, me, REDUCED, g + 1, p):
+                return _stop(state, lo, g, 2, REDUCED, g + 1, WAKE)
+        if gather:
+            if not _reached(words, REDUCED, g + 1, p, spins):
+                return _stop(state, lo, g, 2, REDUCED, g + 1, WAIT)
+            for q in range(p):
+                if q != me:
+                    c0, c1 = _bounds(m, p, q)
+                    copy_into(part[c0:c1], _slot(data, x, q, s, slots, chunk, m)[c0:c1])
+        lo += m
+        g += 1
+        phase = 0
+        if _advance(words, me, GATHERED, g, p):
+            return _stop(state, lo, g, 0, GATHERED, g, WAKE)
+    return _stop(state, lo, g, 0, 0, 0, DONE)
+
+
+def new_state() -> np.ndarray:  # type: ignore[type-arg]
+    return np.zeros(STATE, np.int64)
