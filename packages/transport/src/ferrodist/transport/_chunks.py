@@ -1,6 +1,8 @@
-"""The shared-memory all_reduce pipeline as one compiled loop (no Python per chunk).
+"""The shared-memory pipelines as compiled loops (no Python per chunk).
 
-``ShmCollectives`` runs each chunk of a large all_reduce or reduce in three phases:
+Every collective of ``ShmCollectives`` but gather/scatter runs here: :func:`all_reduce`
+(and reduce), :func:`broadcast`, :func:`all_gather` and :func:`reduce_scatter`. An
+all_reduce runs each chunk in three phases:
 
     0  wait until the slot is free everywhere; copy into this rank's slot the blocks
        other ranks reduce; publish COPIED
@@ -10,10 +12,10 @@
     2  wait for every rank's REDUCED; copy the other blocks from their owners' slots;
        publish GATHERED
 
-:func:`all_reduce` runs that loop until the end, or until it would have to block: a wait
-that spinning did not satisfy (``WAIT``), a peer that sleeps and must be woken after a
-publish (``WAKE``), or a peer in another call (``MISMATCH``). It then returns, with where
-it stopped in ``state``; the caller does what needs Python (a futex sleep bounded by the
+Each function runs its loop until the end, or until it would have to block: a wait that
+spinning did not satisfy (``WAIT``), a peer that sleeps and must be woken after a publish
+(``WAKE``), or a peer in another call (``MISMATCH``). It then returns, with where it
+stopped in ``state``; the caller does what needs Python (a futex sleep bounded by the
 deadline, a health check, a wake-up, the error) and calls it again.
 
 Sources are folded two at a time in the array's own precision, which gives the same bits
@@ -32,13 +34,25 @@ from ferrodist.core._kernels import _combine, _combine_float
 from ._arena import CALL, COPIED, COUNTERS, GATHERED, LINE, REDUCED
 from ._spin import first_different, publish, spin_until
 
-__all__ = ["DONE", "MISMATCH", "STATE", "WAIT", "WAKE", "all_reduce"]
+__all__ = [
+    "DONE",
+    "MISMATCH",
+    "STATE",
+    "WAIT",
+    "WAKE",
+    "all_gather",
+    "all_reduce",
+    "all_reduce_small",
+    "broadcast",
+    "reduce_scatter",
+]
 
 DONE, WAIT, WAKE, MISMATCH = range(4)
 #: ``state`` words: next element, next chunk number, phase, and for a return other than
-#: DONE: the counter to wait for / wake, the target value, the slot of the mismatch.
-LO, CHUNK, PHASE, WHICH, TARGET, SLOT = range(6)
-STATE = 6
+#: DONE: the counter to wait for / wake, its target value, the slot of the chunk, and the
+#: ranks waited for / checked (FIRST .. STOP-1).
+LO, CHUNK, PHASE, WHICH, TARGET, SLOT, FIRST, STOP = range(8)
+STATE = 8
 
 _WORDS = LINE // 8
 _STRIDE = COUNTERS * _WORDS  # words between two ranks' copies of one counter
@@ -103,14 +117,26 @@ def _advance(words, me, which, value, p):  # type: ignore[no-untyped-def]
 
 
 @jit(inline="always")
-def _reached(words, which, target, p, spins):  # type: ignore[no-untyped-def]
-    return spin_until(words, _STRIDE, which * _WORDS, 0, p, target, spins) < 0
+def _reached(words, which, target, first, stop, spins):  # type: ignore[no-untyped-def]
+    return spin_until(words, _STRIDE, which * _WORDS, first, stop, target, spins) < 0
 
 
 @jit(inline="always")
-def _stop(state, lo, g, phase, which, target, status):  # type: ignore[no-untyped-def]
+def _other_call(words, s, first, stop, fingerprint):  # type: ignore[no-untyped-def]
+    """Whether one of ranks first..stop-1 published another call for the chunk in slot s."""
+    return fingerprint != 0 and first_different(words, _STRIDE, CALL * _WORDS + 2 + s, first, stop, fingerprint) >= 0
+
+
+@jit(inline="always")
+def _claim(words, me, s, fingerprint):  # type: ignore[no-untyped-def]
+    """Say which call this rank's chunk in slot s belongs to (published by the next release)."""
+    store_release(words, (me * COUNTERS + CALL) * _WORDS + 2 + s, fingerprint)
+
+
+@jit(inline="always")
+def _stop(state, lo, g, phase, which, target, s, first, stop, status):  # type: ignore[no-untyped-def]
     state[LO], state[CHUNK], state[PHASE] = lo, g, phase
-    state[WHICH], state[TARGET] = which, target
+    state[WHICH], state[TARGET], state[SLOT], state[FIRST], state[STOP] = which, target, s, first, stop
     return status
 
 
@@ -129,23 +155,21 @@ def all_reduce(x, data, words, state, me, p, slots, chunk, op, divisor, fingerpr
         mine = _slot(data, x, me, s, slots, chunk, m)
         b0, b1 = _bounds(m, p, me)
         if phase == 0:
-            if g >= slots and not _reached(words, GATHERED, g - slots + 1, p, spins):
-                return _stop(state, lo, g, 0, GATHERED, g - slots + 1, WAIT)
-            # The chunk's call, for peers to check; published by the release store of COPIED.
-            store_release(words, (me * COUNTERS + CALL) * _WORDS + 2 + s, fingerprint)
+            if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
+                return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
+            _claim(words, me, s, fingerprint)
             for q in range(p):
                 if q != me:
                     c0, c1 = _bounds(m, p, q)
                     copy_into(mine[c0:c1], part[c0:c1])
             phase = 1
             if _advance(words, me, COPIED, g + 1, p):
-                return _stop(state, lo, g, 1, COPIED, g + 1, WAKE)
+                return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
         if phase == 1:
-            if not _reached(words, COPIED, g + 1, p, spins):
-                return _stop(state, lo, g, 1, COPIED, g + 1, WAIT)
-            if fingerprint != 0 and first_different(words, _STRIDE, CALL * _WORDS + 2 + s, 0, p, fingerprint) >= 0:
-                state[SLOT] = s
-                return _stop(state, lo, g, 1, COPIED, g + 1, MISMATCH)
+            if not _reached(words, COPIED, g + 1, 0, p, spins):
+                return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAIT)
+            if _other_call(words, s, 0, p, fingerprint):
+                return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
             out = mine[b0:b1]
             first = _source(data, x, part, me, 0, s, slots, chunk, m)[b0:b1]
             second = _source(data, x, part, me, 1, s, slots, chunk, m)[b0:b1]
@@ -158,10 +182,10 @@ def all_reduce(x, data, words, state, me, p, slots, chunk, op, divisor, fingerpr
                 copy_into(part[b0:b1], out)
             phase = 2
             if _advance(words, me, REDUCED, g + 1, p):
-                return _stop(state, lo, g, 2, REDUCED, g + 1, WAKE)
+                return _stop(state, lo, g, 2, REDUCED, g + 1, s, 0, p, WAKE)
         if gather:
-            if not _reached(words, REDUCED, g + 1, p, spins):
-                return _stop(state, lo, g, 2, REDUCED, g + 1, WAIT)
+            if not _reached(words, REDUCED, g + 1, 0, p, spins):
+                return _stop(state, lo, g, 2, REDUCED, g + 1, s, 0, p, WAIT)
             for q in range(p):
                 if q != me:
                     c0, c1 = _bounds(m, p, q)
@@ -170,8 +194,148 @@ def all_reduce(x, data, words, state, me, p, slots, chunk, op, divisor, fingerpr
         g += 1
         phase = 0
         if _advance(words, me, GATHERED, g, p):
-            return _stop(state, lo, g, 0, GATHERED, g, WAKE)
-    return _stop(state, lo, g, 0, 0, 0, DONE)
+            return _stop(state, lo, g, 0, GATHERED, g, s, 0, p, WAKE)
+    return _stop(state, lo, g, 0, 0, 0, 0, 0, 0, DONE)
+
+
+@jit
+def all_reduce_small(x, data, words, state, me, p, slots, chunk, op, divisor, fingerprint, spins):  # type: ignore[no-untyped-def]
+    """An all_reduce that fits one slot: every rank copies ``x`` into its slot and, after one
+    wait, folds every rank's slot into ``x`` in rank order (the same bits everywhere)."""
+    n = x.shape[0]
+    g, phase = state[CHUNK], state[PHASE]
+    s = g % slots
+    if phase == 0:
+        if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
+            return _stop(state, 0, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
+        _claim(words, me, s, fingerprint)
+        copy_into(_slot(data, x, me, s, slots, chunk, n), x)
+        phase = 1
+        if _advance(words, me, COPIED, g + 1, p):
+            return _stop(state, 0, g, 1, COPIED, g + 1, s, 0, p, WAKE)
+    if phase == 1:
+        if not _reached(words, COPIED, g + 1, 0, p, spins):
+            return _stop(state, 0, g, 1, COPIED, g + 1, s, 0, p, WAIT)
+        if _other_call(words, s, 0, p, fingerprint):
+            return _stop(state, 0, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
+        first = _slot(data, x, 0, s, slots, chunk, n)
+        _fold(x, first, _slot(data, x, 1, s, slots, chunk, n), op, divisor if p == 2 else 1.0)
+        for q in range(2, p):
+            _fold_in(x, _slot(data, x, q, s, slots, chunk, n), op, divisor if q == p - 1 else 1.0)
+        g += 1
+        if _advance(words, me, GATHERED, g, p):
+            return _stop(state, n, g, 2, GATHERED, g, s, 0, p, WAKE)
+    return _stop(state, n, g, 2, 0, 0, 0, 0, 0, DONE)
+
+
+@jit
+def broadcast(x, data, words, state, me, p, slots, chunk, root, fingerprint, spins):  # type: ignore[no-untyped-def]
+    """Per chunk: the root copies it into its slot; the others copy it out."""
+    n = x.shape[0]
+    per = chunk // x.itemsize
+    lo, g, phase = state[LO], state[CHUNK], state[PHASE]
+    while lo < n:
+        m = min(per, n - lo)
+        s = g % slots
+        part = x[lo : lo + m]
+        if phase == 0:
+            if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
+                return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
+            phase = 1
+            if me == root:
+                _claim(words, me, s, fingerprint)
+                copy_into(_slot(data, x, me, s, slots, chunk, m), part)
+                if _advance(words, me, COPIED, g + 1, p):
+                    return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
+        if me != root:
+            if not _reached(words, COPIED, g + 1, root, root + 1, spins):
+                return _stop(state, lo, g, 1, COPIED, g + 1, s, root, root + 1, WAIT)
+            if _other_call(words, s, root, root + 1, fingerprint):
+                return _stop(state, lo, g, 1, COPIED, g + 1, s, root, root + 1, MISMATCH)
+            copy_into(part, _slot(data, x, root, s, slots, chunk, m))
+        lo += m
+        g += 1
+        phase = 0
+        if _advance(words, me, GATHERED, g, p):
+            return _stop(state, lo, g, 0, GATHERED, g, s, 0, p, WAKE)
+    return _stop(state, lo, g, 0, 0, 0, 0, 0, 0, DONE)
+
+
+@jit
+def all_gather(x, out, data, words, state, me, p, slots, chunk, fingerprint, spins):  # type: ignore[no-untyped-def]
+    """Per chunk: every rank copies its part into its slot and into its own block of
+    ``out``, then the other ranks' parts out of their slots."""
+    n = x.shape[0]
+    per = chunk // x.itemsize
+    lo, g, phase = state[LO], state[CHUNK], state[PHASE]
+    while lo < n:
+        m = min(per, n - lo)
+        s = g % slots
+        part = x[lo : lo + m]
+        if phase == 0:
+            if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
+                return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
+            _claim(words, me, s, fingerprint)
+            copy_into(_slot(data, x, me, s, slots, chunk, m), part)
+            copy_into(out[me * n + lo : me * n + lo + m], part)  # from cache, just read
+            phase = 1
+            if _advance(words, me, COPIED, g + 1, p):
+                return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
+        if not _reached(words, COPIED, g + 1, 0, p, spins):
+            return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAIT)
+        if _other_call(words, s, 0, p, fingerprint):
+            return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
+        for q in range(p):
+            if q != me:
+                copy_into(out[q * n + lo : q * n + lo + m], _slot(data, x, q, s, slots, chunk, m))
+        lo += m
+        g += 1
+        phase = 0
+        if _advance(words, me, GATHERED, g, p):
+            return _stop(state, lo, g, 0, GATHERED, g, s, 0, p, WAKE)
+    return _stop(state, lo, g, 0, 0, 0, 0, 0, 0, DONE)
+
+
+@jit
+def reduce_scatter(blocks, out, data, words, state, me, p, slots, chunk, op, divisor, fingerprint, spins):  # type: ignore[no-untyped-def]
+    """Per chunk: a rank copies into its slot its contribution to the other ranks' blocks,
+    then folds its own block from ``blocks`` and the peers' slots into ``out``, in rank
+    order. ``out`` must not overlap ``blocks``."""
+    n = out.shape[0]
+    per = chunk // (out.itemsize * p)
+    lo, g, phase = state[LO], state[CHUNK], state[PHASE]
+    while lo < n:
+        m = min(per, n - lo)
+        s = g % slots
+        if phase == 0:
+            if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
+                return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
+            _claim(words, me, s, fingerprint)
+            mine = _slot(data, out, me, s, slots, chunk, m * p)
+            for q in range(p):  # slot layout: the contribution to rank q at q*m
+                if q != me:
+                    copy_into(mine[q * m : (q + 1) * m], blocks[q * n + lo : q * n + lo + m])
+            phase = 1
+            if _advance(words, me, COPIED, g + 1, p):
+                return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
+        if not _reached(words, COPIED, g + 1, 0, p, spins):
+            return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAIT)
+        if _other_call(words, s, 0, p, fingerprint):
+            return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
+        own = blocks[me * n + lo : me * n + lo + m]
+        target = out[lo : lo + m]
+        first = own if me == 0 else _slot(data, out, 0, s, slots, chunk, m * p)[me * m : (me + 1) * m]
+        second = own if me == 1 else _slot(data, out, 1, s, slots, chunk, m * p)[me * m : (me + 1) * m]
+        _fold(target, first, second, op, divisor if p == 2 else 1.0)
+        for q in range(2, p):
+            src = own if q == me else _slot(data, out, q, s, slots, chunk, m * p)[me * m : (me + 1) * m]
+            _fold_in(target, src, op, divisor if q == p - 1 else 1.0)
+        lo += m
+        g += 1
+        phase = 0
+        if _advance(words, me, GATHERED, g, p):
+            return _stop(state, lo, g, 0, GATHERED, g, s, 0, p, WAKE)
+    return _stop(state, lo, g, 0, 0, 0, 0, 0, 0, DONE)
 
 
 def new_state() -> np.ndarray:  # type: ignore[type-arg]

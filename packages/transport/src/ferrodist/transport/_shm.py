@@ -111,6 +111,18 @@ class ShmCollectives:
         Larger: per chunk, reduce-scatter through the slots, then gather (bandwidth-optimal)."""
         a, p, me = self._a, self._a.world, self._a.rank
         if 0 < x.nbytes and x.nbytes * p <= 2 * a.chunk:
+            pairwise = pairwise_opcode(dt, op) if p > 1 else None
+            if pairwise is not None:
+                view, opcode = pairwise
+                flat, divisor = (x if view is None else x.view(view)), (float(p) if op is ReduceOp.AVG else 1.0)
+                self._drive(
+                    lambda state: _chunks.all_reduce_small(
+                        flat, a.data, a.words, state, me, p, a.slots, a.chunk, opcode, divisor, fingerprint, a.spins
+                    ),
+                    deadline,
+                    fingerprint,
+                )
+                return
             views, kernel, divisor = self._small_plan(dt, op, x.shape[0])
             g, s = self._chunk(deadline, fingerprint)
             slots = views[s]
@@ -142,7 +154,26 @@ class ShmCollectives:
         pairwise = pairwise_opcode(dt, op)
         if pairwise is not None and p > 1:
             view, opcode = pairwise
-            self._compiled_chunks(x if view is None else x.view(view), opcode, divisor, deadline, fingerprint, root)
+            flat, target = (x if view is None else x.view(view)), (-1 if root is None else root)
+            self._drive(
+                lambda state: _chunks.all_reduce(
+                    flat,
+                    a.data,
+                    a.words,
+                    state,
+                    me,
+                    p,
+                    a.slots,
+                    a.chunk,
+                    opcode,
+                    divisor,
+                    fingerprint,
+                    a.spins,
+                    target,
+                ),
+                deadline,
+                fingerprint,
+            )
             return
         kernel = reducer(dt, op)
         gather = root is None or me == root
@@ -170,67 +201,52 @@ class ShmCollectives:
                         part[c0:c1] = slots[q][c0:c1]
             a.advance(GATHERED, g + 1)
 
-    def _compiled_chunks(
-        self, x: Array, opcode: int, divisor: float, deadline: float, fingerprint: int, root: int | None
-    ) -> None:
-        """The same pipeline as one compiled loop (``_chunks.all_reduce``); this drives it
-        through what needs Python: sleeping in a wait, waking a sleeping peer, errors."""
+    def _drive(self, step: Callable[[Array], int], deadline: float, fingerprint: int) -> None:
+        """Run a compiled loop of ``_chunks`` (``step(state)``) to the end, doing for it what
+        needs Python: sleeping in a wait, waking a sleeping peer, raising a mismatch."""
         a, state = self._a, self._state
         state[:] = 0
         state[_chunks.CHUNK] = a.chunks
-        target_root = -1 if root is None else root
         try:
             while True:
-                status = _chunks.all_reduce(
-                    x, a.data, a.words, state, a.rank, a.world, a.slots, a.chunk,
-                    opcode, divisor, fingerprint, a.spins, target_root,
-                )  # fmt: skip
+                status = step(state)
                 if status == _chunks.DONE:
                     return
                 which = int(state[_chunks.WHICH])
+                ranks = range(int(state[_chunks.FIRST]), int(state[_chunks.STOP]))
                 if status == _chunks.WAIT:
-                    a.wait(which, int(state[_chunks.TARGET]), deadline, self._health)
+                    a.wait(which, int(state[_chunks.TARGET]), deadline, self._health, ranks)
                 elif status == _chunks.WAKE:
                     a.wake(which)
                 else:
-                    a.check_call(range(a.world), int(state[_chunks.SLOT]), fingerprint)  # raises the mismatch
+                    a.check_call(ranks, int(state[_chunks.SLOT]), fingerprint)  # raises the mismatch
                     raise AssertionError("the compiled loop saw a mismatch that check_call does not")
         finally:
             a.chunks = int(state[_chunks.CHUNK])
 
     def broadcast(self, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0) -> None:
-        a, me = self._a, self._a.rank
-        per = self._per(dt)
-        for lo in range(0, x.shape[0], per):
-            m = min(per, x.shape[0] - lo)
-            g, s = self._chunk(deadline, fingerprint)
-            source = a.slot(root, s, dt.numpy, m)
-            if me == root:
-                source[...] = x[lo : lo + m]
-                a.advance(COPIED, g + 1)
-            else:
-                self._wait(COPIED, g, deadline, [root])
-                a.check_call([root], s, fingerprint)
-                x[lo : lo + m] = source
-            a.advance(GATHERED, g + 1)
+        a, p, me = self._a, self._a.world, self._a.rank
+        self._per(dt)
+        flat = x.view(np.uint8)
+        self._drive(
+            lambda state: _chunks.broadcast(
+                flat, a.data, a.words, state, me, p, a.slots, a.chunk, root, fingerprint, a.spins
+            ),
+            deadline,
+            fingerprint,
+        )
 
     def all_gather(self, x: Array, out: Array, dt: DType, deadline: float, fingerprint: int = 0) -> None:
         a, p, me = self._a, self._a.world, self._a.rank
-        n = x.shape[0]
-        per = self._per(dt)
-        for lo in range(0, n, per):
-            m = min(per, n - lo)
-            g, s = self._chunk(deadline, fingerprint)
-            part = x[lo : lo + m]
-            a.slot(me, s, dt.numpy, m)[...] = part
-            a.advance(COPIED, g + 1)
-            out[me * n + lo : me * n + lo + m] = part  # from x, still in cache, while peers copy in
-            self._wait(COPIED, g, deadline)
-            a.check_call(range(p), s, fingerprint)
-            for q in range(p):
-                if q != me:
-                    out[q * n + lo : q * n + lo + m] = a.slot(q, s, dt.numpy, m)
-            a.advance(GATHERED, g + 1)
+        self._per(dt)
+        flat, whole = x.view(np.uint8), out.view(np.uint8)
+        self._drive(
+            lambda state: _chunks.all_gather(
+                flat, whole, a.data, a.words, state, me, p, a.slots, a.chunk, fingerprint, a.spins
+            ),
+            deadline,
+            fingerprint,
+        )
 
     def reduce_scatter(
         self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0
@@ -238,10 +254,34 @@ class ShmCollectives:
         """Per chunk: a rank copies into its slot the parts other ranks reduce, then reduces
         its own part from its input and the peers' slots straight into ``out``."""
         a, p, me = self._a, self._a.world, self._a.rank
-        kernel = reducer(dt, op)
         divisor = float(p) if op is ReduceOp.AVG else 1.0
         n = out.shape[0]
         per = self._per(dt, parts=p)
+        pairwise = pairwise_opcode(dt, op)
+        if pairwise is not None and not np.may_share_memory(out, blocks):
+            view, opcode = pairwise
+            ins, outs = (blocks, out) if view is None else (blocks.view(view), out.view(view))
+            self._drive(
+                lambda state: _chunks.reduce_scatter(
+                    ins,
+                    outs,
+                    a.data,
+                    a.words,
+                    state,
+                    me,
+                    p,
+                    a.slots,
+                    a.chunk,
+                    opcode,
+                    divisor,
+                    fingerprint,
+                    a.spins,
+                ),
+                deadline,
+                fingerprint,
+            )
+            return
+        kernel = reducer(dt, op)
         for lo in range(0, n, per):
             m = min(per, n - lo)
             g, s = self._chunk(deadline, fingerprint)
