@@ -60,6 +60,11 @@ class ShmCollectives:
         self._rank = global_rank
         self._plans: dict[tuple[str, int, int], tuple[list[list[Array]], Any, float]] = {}
         self._state = _chunks.new_state()
+        # (dtype, op) -> (view, opcode, divisor) for the compiled loops, or () where they do not apply
+        self._pairwise: dict[tuple[DType, ReduceOp], tuple[Any, ...]] = {}
+        self._state[_chunks.ME], self._state[_chunks.RANKS] = arena.rank, arena.world
+        self._state[_chunks.SLOTS], self._state[_chunks.BYTES] = arena.slots, arena.chunk
+        self._state[_chunks.SPINS] = arena.spins
 
     @property
     def size(self) -> int:
@@ -111,17 +116,22 @@ class ShmCollectives:
         Larger: per chunk, reduce-scatter through the slots, then gather (bandwidth-optimal)."""
         a, p, me = self._a, self._a.world, self._a.rank
         if 0 < x.nbytes and x.nbytes * p <= 2 * a.chunk:
-            pairwise = pairwise_opcode(dt, op) if p > 1 else None
-            if pairwise is not None:
-                view, opcode = pairwise
-                flat, divisor = (x if view is None else x.view(view)), (float(p) if op is ReduceOp.AVG else 1.0)
-                self._drive(
-                    lambda state: _chunks.all_reduce_small(
-                        flat, a.data, a.words, state, me, p, a.slots, a.chunk, opcode, divisor, fingerprint, a.spins
-                    ),
-                    deadline,
-                    fingerprint,
+            pairwise = self._pairwise.get((dt, op))
+            if pairwise is None:
+                found = pairwise_opcode(dt, op) if p > 1 else None
+                pairwise = self._pairwise[(dt, op)] = (
+                    (found[0], found[1], float(p) if op is ReduceOp.AVG else 1.0) if found else ()
                 )
+            if pairwise:
+                view, opcode, divisor = pairwise
+                flat, data, words = (x if view is None else x.view(view)), a.data, a.words
+                state = self._start(fingerprint, opcode)
+                status = _chunks.all_reduce_small(flat, data, words, state, divisor)
+                if status == _chunks.DONE:  # the common case: no Python wait, no wake-up
+                    a.chunks = int(state[_chunks.CHUNK])
+                    return
+                step = lambda state: _chunks.all_reduce_small(flat, data, words, state, divisor)  # noqa: E731
+                self._resume(step, status, deadline, fingerprint)
                 return
             views, kernel, divisor = self._small_plan(dt, op, x.shape[0])
             g, s = self._chunk(deadline, fingerprint)
@@ -154,25 +164,13 @@ class ShmCollectives:
         pairwise = pairwise_opcode(dt, op)
         if pairwise is not None and p > 1:
             view, opcode = pairwise
-            flat, target = (x if view is None else x.view(view)), (-1 if root is None else root)
+            flat, data, words = (x if view is None else x.view(view)), a.data, a.words
             self._drive(
-                lambda state: _chunks.all_reduce(
-                    flat,
-                    a.data,
-                    a.words,
-                    state,
-                    me,
-                    p,
-                    a.slots,
-                    a.chunk,
-                    opcode,
-                    divisor,
-                    fingerprint,
-                    a.spins,
-                    target,
-                ),
+                lambda state: _chunks.all_reduce(flat, data, words, state, divisor),
                 deadline,
                 fingerprint,
+                opcode,
+                -1 if root is None else root,
             )
             return
         kernel = reducer(dt, op)
@@ -201,17 +199,27 @@ class ShmCollectives:
                         part[c0:c1] = slots[q][c0:c1]
             a.advance(GATHERED, g + 1)
 
-    def _drive(self, step: Callable[[Array], int], deadline: float, fingerprint: int) -> None:
-        """Run a compiled loop of ``_chunks`` (``step(state)``) to the end, doing for it what
+    def _start(self, fingerprint: int, op: int = 0, root: int = -1) -> Array:
+        """The state words for a compiled loop of ``_chunks`` starting now."""
+        state = self._state
+        state[: _chunks.ME] = 0
+        state[_chunks.CHUNK] = self._a.chunks
+        state[_chunks.OP], state[_chunks.ROOT] = op, root
+        state[_chunks.CALL_ID] = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # the 64 bits
+        return state
+
+    def _drive(
+        self, step: Callable[[Array], int], deadline: float, fingerprint: int, op: int = 0, root: int = -1
+    ) -> None:
+        """Run a compiled loop of ``_chunks`` (``step(state)``) to the end."""
+        self._resume(step, step(self._start(fingerprint, op, root)), deadline, fingerprint)
+
+    def _resume(self, step: Callable[[Array], int], status: int, deadline: float, fingerprint: int) -> None:
+        """Carry a compiled loop that returned ``status`` on to the end, doing for it what
         needs Python: sleeping in a wait, waking a sleeping peer, raising a mismatch."""
         a, state = self._a, self._state
-        state[:] = 0
-        state[_chunks.CHUNK] = a.chunks
         try:
-            while True:
-                status = step(state)
-                if status == _chunks.DONE:
-                    return
+            while status != _chunks.DONE:
                 which = int(state[_chunks.WHICH])
                 ranks = range(int(state[_chunks.FIRST]), int(state[_chunks.STOP]))
                 if status == _chunks.WAIT:
@@ -221,32 +229,23 @@ class ShmCollectives:
                 else:
                     a.check_call(ranks, int(state[_chunks.SLOT]), fingerprint)  # raises the mismatch
                     raise AssertionError("the compiled loop saw a mismatch that check_call does not")
+                status = step(state)
         finally:
             a.chunks = int(state[_chunks.CHUNK])
 
     def broadcast(self, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0) -> None:
-        a, p, me = self._a, self._a.world, self._a.rank
+        a = self._a
         self._per(dt)
         flat = x.view(np.uint8)
-        self._drive(
-            lambda state: _chunks.broadcast(
-                flat, a.data, a.words, state, me, p, a.slots, a.chunk, root, fingerprint, a.spins
-            ),
-            deadline,
-            fingerprint,
-        )
+        data, words = a.data, a.words
+        self._drive(lambda state: _chunks.broadcast(flat, data, words, state), deadline, fingerprint, root=root)
 
     def all_gather(self, x: Array, out: Array, dt: DType, deadline: float, fingerprint: int = 0) -> None:
-        a, p, me = self._a, self._a.world, self._a.rank
+        a = self._a
         self._per(dt)
         flat, whole = x.view(np.uint8), out.view(np.uint8)
-        self._drive(
-            lambda state: _chunks.all_gather(
-                flat, whole, a.data, a.words, state, me, p, a.slots, a.chunk, fingerprint, a.spins
-            ),
-            deadline,
-            fingerprint,
-        )
+        data, words = a.data, a.words
+        self._drive(lambda state: _chunks.all_gather(flat, whole, data, words, state), deadline, fingerprint)
 
     def reduce_scatter(
         self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0
@@ -261,24 +260,12 @@ class ShmCollectives:
         if pairwise is not None and not np.may_share_memory(out, blocks):
             view, opcode = pairwise
             ins, outs = (blocks, out) if view is None else (blocks.view(view), out.view(view))
+            data, words = a.data, a.words
             self._drive(
-                lambda state: _chunks.reduce_scatter(
-                    ins,
-                    outs,
-                    a.data,
-                    a.words,
-                    state,
-                    me,
-                    p,
-                    a.slots,
-                    a.chunk,
-                    opcode,
-                    divisor,
-                    fingerprint,
-                    a.spins,
-                ),
+                lambda state: _chunks.reduce_scatter(ins, outs, data, words, state, divisor),
                 deadline,
                 fingerprint,
+                opcode,
             )
             return
         kernel = reducer(dt, op)
