@@ -51,8 +51,10 @@ class Arena:
         control = world * COUNTERS * LINE
         self._words = np.frombuffer(mapping, np.uint64, count=control // 8)
         self._lines = self._words.reshape(world, COUNTERS, LINE // 8)  # [rank, counter, word]
-        # Spin long when every rank has a core; briefly when ranks share cores (oversubscribed).
-        self._spins = 4000 if world <= (os.cpu_count() or 1) else 64
+        # Spin long when every rank has a core (about 100 us: a peer that is copying a chunk
+        # is not worth a futex sleep and wake-up, which cost as much here); briefly when
+        # ranks share cores (oversubscribed). FERRODIST_SHM_SPINS overrides.
+        self._spins = int(os.environ.get("FERRODIST_SHM_SPINS", 0)) or (40000 if world <= (os.cpu_count() or 1) else 64)
         self._data = np.frombuffer(mapping, np.uint8, offset=control, count=world * slots * chunk)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
         self.chunks = 0  # chunks this rank has gone through (the same sequence on every rank)

@@ -32,6 +32,9 @@ Array = np.ndarray[Any, Any]
 
 DEFAULT_CHUNK = 1 << 20  # bytes per slot
 DEFAULT_SLOTS = 2
+#: all_reduce moves at most this many bytes (size x ranks) the one-sync way, in which every
+#: rank reduces everything; above it the pipeline (each rank reduces 1/p) is faster here.
+SMALL_ALL_REDUCE = 32 << 10
 SHM_DIR = "/dev/shm"
 
 
@@ -112,10 +115,11 @@ class ShmCollectives:
 
     # -- collectives -------------------------------------------------------------------------------
     def all_reduce(self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0) -> None:
-        """Small messages: every rank publishes its data and reduces all of it (one sync).
-        Larger: per chunk, reduce-scatter through the slots, then gather (bandwidth-optimal)."""
+        """Small messages (size x ranks up to ``SMALL_ALL_REDUCE``): every rank publishes its
+        data and reduces all of it (one sync). Larger: per chunk, reduce-scatter through the
+        slots, then gather (bandwidth-optimal)."""
         a, p, me = self._a, self._a.world, self._a.rank
-        if 0 < x.nbytes and x.nbytes * p <= 2 * a.chunk:
+        if 0 < x.nbytes and x.nbytes * p <= min(2 * a.chunk, SMALL_ALL_REDUCE):
             pairwise = self._pairwise.get((dt, op))
             if pairwise is None:
                 found = pairwise_opcode(dt, op) if p > 1 else None
