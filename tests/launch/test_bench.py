@@ -75,3 +75,31 @@ def test_a_small_sweep_against_the_references(tmp_path):
     assert "### all_reduce (2 ranks, float32)" in done.stdout
     for lib in expected - {"ferrodist:shm"}:
         assert f"{lib} / ferrodist:shm" in done.stdout
+
+
+def test_passes_alternate_the_library_order_and_keep_each_fastest_median(monkeypatch):
+    from ferrodist.launch import _bench
+
+    calls: list[str] = []
+    slow = {"a": [3.0, 1.0], "b": [2.0, 5.0]}  # seconds per pass, per library
+
+    def fake_run(library, spec, progress):
+        calls.append(library)
+        seconds = slow[library][sum(1 for c in calls if c == library) - 1]
+        return [
+            {"library": library, "op": op, "bytes": 4096, "seconds": seconds, "ranks": 2, "dtype": "float32"}
+            for op in spec.ops
+        ]
+
+    monkeypatch.setattr(_bench, "_run_library", fake_run)
+    monkeypatch.setattr(_bench, "available", lambda library, dtype="float32": None)
+    spec = _bench.BenchSpec(libraries=("a", "b"), ops=("broadcast", "all_reduce"), sizes=(4096,), passes=2)
+    records = _bench.sweep(spec, show_progress=False)
+    assert calls == ["a", "b", "b", "a"]
+    assert [(r["library"], r["op"], r["seconds"]) for r in records] == [
+        ("a", "broadcast", 1.0),
+        ("a", "all_reduce", 1.0),
+        ("b", "broadcast", 2.0),
+        ("b", "all_reduce", 2.0),
+    ]
+    assert all(r["passes"] == 2 for r in records)

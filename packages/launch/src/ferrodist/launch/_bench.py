@@ -40,6 +40,7 @@ class BenchSpec:
     sizes: Sequence[int] = tuple(4096 * 4**i for i in range(10))  # 4 KiB .. 1 GiB capped below
     dtype: str = "float32"
     rounds: int = 5
+    passes: int = 1
     target: float = 0.05
     skipped: dict[str, str] = field(default_factory=dict)
 
@@ -141,7 +142,12 @@ class _ProgressSink(io.RawIOBase):
 
 
 def sweep(spec: BenchSpec, *, show_progress: bool = True) -> list[dict[str, Any]]:
-    """Run every library of ``spec`` and return all measurements (skipping what cannot run)."""
+    """Run every library of ``spec`` and return all measurements (skipping what cannot run).
+
+    With ``passes`` > 1 the libraries run again, in the reverse order every other pass, and
+    each (library, op, size) keeps its fastest median: a shared machine's slow spell then
+    does not land on one library only. Every library is treated alike.
+    """
     runnable = []
     for library in spec.libraries:
         why = available(library, spec.dtype)
@@ -149,14 +155,21 @@ def sweep(spec: BenchSpec, *, show_progress: bool = True) -> list[dict[str, Any]
             runnable.append(library)
         else:
             spec.skipped[library] = why
-    total = len(runnable) * len(spec.ops) * len(spec.sizes)
+    passes = max(1, spec.passes)
+    total = passes * len(runnable) * len(spec.ops) * len(spec.sizes)
     bar = _bar(total, show_progress)
-    records: list[dict[str, Any]] = []
-    for library in runnable:
-        bar.set_description(library)
-        records += _run_library(library, spec, lambda: bar.update(1))
+    best: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for number in range(passes):
+        for library in runnable if number % 2 == 0 else reversed(runnable):
+            bar.set_description(library)
+            for record in _run_library(library, spec, lambda: bar.update(1)):
+                key = (record["library"], record["op"], record["bytes"])
+                if key not in best or record["seconds"] < best[key]["seconds"]:
+                    best[key] = {**record, "passes": passes}
     bar.close()
-    return records
+    order = {library: i for i, library in enumerate(runnable)}
+    ops = list(spec.ops)
+    return sorted(best.values(), key=lambda r: (order[r["library"]], ops.index(r["op"]), r["bytes"]))
 
 
 def _bar(total: int, show: bool) -> Any:

@@ -39,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-bytes", type=int, default=256 << 20)
     bench.add_argument("--dtype", default="float32")
     bench.add_argument("--rounds", type=int, default=5)
+    bench.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="run every library this many times, alternating their order, and keep each one's fastest median",
+    )
     bench.add_argument("--compare", action="store_true", help="also run torch.distributed (Gloo) and mpi4py")
     bench.add_argument("--startup", action="store_true", help="also time launch + init + one all_reduce")
     bench.add_argument("--json", default="ferrodist-bench.json", help="where to write the measurements")
@@ -63,6 +69,7 @@ def _bench(args: argparse.Namespace) -> int:
         sizes=sizes,
         dtype=args.dtype,
         rounds=args.rounds,
+        passes=args.passes,
     )
     records = sweep(spec, show_progress=not args.no_progress)
     for library, why in spec.skipped.items():
