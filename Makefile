@@ -25,7 +25,7 @@ bench: $(STAMP)
 	mkdir -p .benchmarks
 	$(BIN)/python -m pytest bench -q --benchmark-only --benchmark-columns=median,iqr,rounds --benchmark-json=.benchmarks/kernels.json
 	$(BIN)/python tools/bench_ratios.py .benchmarks/kernels.json
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ferrodist bench -n 2 --backends shm,tcp,mpi --compare --startup --passes 2 \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ferrodist bench -n 2 --backends shm,tcp,mpi --compare --startup --rounds 3 --passes 2 \
 		--json .benchmarks/collectives.json --plot .benchmarks/collectives.png
 
 lint: $(STAMP)
