@@ -85,6 +85,13 @@ def pairwise_opcode(dt: DType, op: ReduceOp) -> tuple[np.dtype[Any] | None, int]
     return view, opcode
 
 
+def half_opcode(dt: DType, op: ReduceOp) -> int | None:
+    """float16/bfloat16: the opcode their kernels fold with (AVG folds as SUM), else None."""
+    if dt.name not in ("float16", "bfloat16"):
+        return None
+    return _table()[(dt.name, op)][2]
+
+
 @functools.cache
 def reducer(dt: DType, op: ReduceOp) -> Reducer:
     """The kernel for ``(dt, op)`` as ``fn(dst, srcs, divisor)``.

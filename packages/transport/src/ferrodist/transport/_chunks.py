@@ -29,7 +29,7 @@ from numba import types
 from numba.extending import overload
 
 from ferrodist.core._jit import copy_into, jit, store_release
-from ferrodist.core._kernels import _combine, _combine_float
+from ferrodist.core._kernels import _bf16_load, _bf16_store, _combine, _combine_float, _f16_load, _f16_store
 
 from ._arena import CALL, COPIED, COUNTERS, GATHERED, LINE, REDUCED
 from ._spin import first_different, publish, spin_until
@@ -56,7 +56,10 @@ LO, CHUNK, PHASE, WHICH, TARGET, SLOT, FIRST, STOP = range(8)
 #: cheap, about 0.2 us per argument): this rank, ranks, slots per rank, bytes per slot,
 #: spins before a wait returns, opcode, root (-1: none), fingerprint (its 64 bits).
 ME, RANKS, SLOTS, BYTES, SPINS, OP, ROOT, CALL_ID = range(8, 16)
-STATE = 16
+#: For :func:`all_reduce_small`: 0, or the 16-bit float type of ``x``'s bits (BF16, F16).
+HALF = 16
+STATE = 17
+BF16, F16 = 1, 2
 
 _WORDS = LINE // 8
 _STRIDE = COUNTERS * _WORDS  # words between two ranks' copies of one counter
@@ -217,10 +220,35 @@ def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
     return _stop(state, lo, g, 0, 0, 0, 0, 0, 0, DONE)
 
 
+@jit(inline="always")
+def _widen(h, half):  # type: ignore[no-untyped-def]
+    return _bf16_load(h) if half == BF16 else _f16_load(h)
+
+
+@jit(inline="always")
+def _fold_halves(x, data, s, slots, chunk, p, op, divisor, half):  # type: ignore[no-untyped-def]
+    """``x`` = every rank's slot (16-bit float bits) combined in float32 in rank order and
+    rounded once, as the fused kernels do (so the same bits)."""
+    n = x.shape[0]
+    acc = np.empty(n, np.float32)
+    first = _slot(data, x, 0, s, slots, chunk, n)
+    for i in range(n):
+        acc[i] = _widen(first[i], half)
+    for q in range(1, p):
+        src = _slot(data, x, q, s, slots, chunk, n)
+        for i in range(n):
+            acc[i] = _combine_float(acc[i], _widen(src[i], half), op)
+    div = np.float32(divisor)
+    for i in range(n):
+        value = acc[i] / div if divisor != 1.0 else acc[i]
+        x[i] = _bf16_store(value) if half == BF16 else _f16_store(value)
+
+
 @jit
 def all_reduce_small(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
     """An all_reduce that fits one slot: every rank copies ``x`` into its slot and, after one
-    wait, folds every rank's slot into ``x`` in rank order (the same bits everywhere)."""
+    wait, folds every rank's slot into ``x`` in rank order (the same bits everywhere).
+    float16/bfloat16 (``state[HALF]``, ``x`` their bits) accumulate in float32."""
     me, p, slots, chunk, spins, op, _, fingerprint = _params(state)
     n = x.shape[0]
     g, phase = state[CHUNK], state[PHASE]
@@ -238,10 +266,13 @@ def all_reduce_small(x, data, words, state, divisor):  # type: ignore[no-untyped
             return _stop(state, 0, g, 1, COPIED, g + 1, s, 0, p, WAIT)
         if _other_call(words, s, 0, p, fingerprint):
             return _stop(state, 0, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
-        first = _slot(data, x, 0, s, slots, chunk, n)
-        _fold(x, first, _slot(data, x, 1, s, slots, chunk, n), op, divisor if p == 2 else 1.0)
-        for q in range(2, p):
-            _fold_in(x, _slot(data, x, q, s, slots, chunk, n), op, divisor if q == p - 1 else 1.0)
+        if state[HALF]:
+            _fold_halves(x, data, s, slots, chunk, p, op, divisor, state[HALF])
+        else:
+            first = _slot(data, x, 0, s, slots, chunk, n)
+            _fold(x, first, _slot(data, x, 1, s, slots, chunk, n), op, divisor if p == 2 else 1.0)
+            for q in range(2, p):
+                _fold_in(x, _slot(data, x, q, s, slots, chunk, n), op, divisor if q == p - 1 else 1.0)
         g += 1
         if _advance(words, me, GATHERED, g, p):
             return _stop(state, n, g, 2, GATHERED, g, s, 0, p, WAKE)

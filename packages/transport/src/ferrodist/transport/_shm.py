@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ferrodist.core import BackendUnavailable, DType, InvalidArgument, ReduceOp, reducer
-from ferrodist.core._reduce import pairwise_opcode
+from ferrodist.core._reduce import half_opcode, pairwise_opcode
 
 from . import _chunks
 from ._arena import BARRIER, COPIED, GATHERED, REDUCED, Arena
@@ -122,14 +122,12 @@ class ShmCollectives:
         if 0 < x.nbytes and x.nbytes * p <= min(2 * a.chunk, SMALL_ALL_REDUCE):
             pairwise = self._pairwise.get((dt, op))
             if pairwise is None:
-                found = pairwise_opcode(dt, op) if p > 1 else None
-                pairwise = self._pairwise[(dt, op)] = (
-                    (found[0], found[1], float(p) if op is ReduceOp.AVG else 1.0) if found else ()
-                )
+                pairwise = self._pairwise[(dt, op)] = self._small_kind(dt, op)
             if pairwise:
-                view, opcode, divisor = pairwise
+                view, opcode, divisor, half = pairwise
                 flat, data, words = (x if view is None else x.view(view)), a.data, a.words
                 state = self._start(fingerprint, opcode)
+                state[_chunks.HALF] = half
                 status = _chunks.all_reduce_small(flat, data, words, state, divisor)
                 if status == _chunks.DONE:  # the common case: no Python wait, no wake-up
                     a.chunks = int(state[_chunks.CHUNK])
@@ -203,10 +201,23 @@ class ShmCollectives:
                         part[c0:c1] = slots[q][c0:c1]
             a.advance(GATHERED, g + 1)
 
+    def _small_kind(self, dt: DType, op: ReduceOp) -> tuple[Any, ...]:
+        """(view, opcode, divisor, half) for ``_chunks.all_reduce_small``, or () (one rank)."""
+        p = self._a.world
+        if p < 2:
+            return ()
+        divisor = float(p) if op is ReduceOp.AVG else 1.0
+        found = pairwise_opcode(dt, op)
+        if found is not None:
+            return (found[0], found[1], divisor, 0)
+        half = _chunks.BF16 if dt.name == "bfloat16" else _chunks.F16
+        return (np.dtype(np.uint16), half_opcode(dt, op), divisor, half)
+
     def _start(self, fingerprint: int, op: int = 0, root: int = -1) -> Array:
         """The state words for a compiled loop of ``_chunks`` starting now."""
         state = self._state
         state[: _chunks.ME] = 0
+        state[_chunks.HALF] = 0
         state[_chunks.CHUNK] = self._a.chunks
         state[_chunks.OP], state[_chunks.ROOT] = op, root
         state[_chunks.CALL_ID] = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # the 64 bits
