@@ -63,8 +63,8 @@ class ShmCollectives:
         self._rank = global_rank
         self._plans: dict[tuple[str, int, int], tuple[list[list[Array]], Any, float]] = {}
         self._state = _chunks.new_state()
-        # (dtype, op) -> (view, opcode, divisor) for the compiled loops, or () where they do not apply
-        self._pairwise: dict[tuple[DType, ReduceOp], tuple[Any, ...]] = {}
+        # (dtype, op) -> what ``_small_kind`` says for the one-slot all_reduce
+        self._small_kinds: dict[tuple[DType, ReduceOp], tuple[Any, ...]] = {}
         self._state[_chunks.ME], self._state[_chunks.RANKS] = arena.rank, arena.world
         self._state[_chunks.SLOTS], self._state[_chunks.BYTES] = arena.slots, arena.chunk
         self._state[_chunks.SPINS] = arena.spins
@@ -120,11 +120,11 @@ class ShmCollectives:
         slots, then gather (bandwidth-optimal)."""
         a, p, me = self._a, self._a.world, self._a.rank
         if 0 < x.nbytes and x.nbytes * p <= min(2 * a.chunk, SMALL_ALL_REDUCE):
-            pairwise = self._pairwise.get((dt, op))
-            if pairwise is None:
-                pairwise = self._pairwise[(dt, op)] = self._small_kind(dt, op)
-            if pairwise:
-                view, opcode, divisor, half = pairwise
+            small = self._small_kinds.get((dt, op))
+            if small is None:
+                small = self._small_kinds[(dt, op)] = self._small_kind(dt, op)
+            if small:
+                view, opcode, divisor, half = small
                 flat, data, words = (x if view is None else x.view(view)), a.data, a.words
                 state = self._start(fingerprint, opcode)
                 state[_chunks.HALF] = half
