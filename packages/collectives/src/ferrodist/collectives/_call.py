@@ -103,8 +103,21 @@ class Call:
         """Send to one peer and receive from another at the same time (one ring step).
 
         The receive is posted first, so that a transport can put the incoming bytes
-        straight into ``recv_buf`` while the send is going out.
+        straight into ``recv_buf`` while the send is going out. A transport with its own
+        ``sendrecv`` (tcp) does the step itself.
         """
+        sendrecv = getattr(self.transport, "sendrecv", None)
+        if sendrecv is not None:
+            sendrecv(
+                send_buf,
+                self.ranks[to],
+                recv_buf,
+                self.ranks[frm],
+                self.tag,
+                timeout=self.remaining(),
+                fingerprint=self.fingerprint,
+            )
+            return
         incoming = self.irecv(recv_buf, frm)
         self.wait(self.isend(send_buf, to))
         self.wait(incoming)

@@ -270,6 +270,26 @@ class ProcessGroup:
         except FerrodistError as exc:
             raise self._frame(exc, operation, seq, self._timeout).with_traceback(exc.__traceback__) from None
 
+    def _fast_call(self, operation: str, fp: int, body: Body) -> None:
+        """Run a call validated before with one of our algorithms: ``body(call)``, in this thread."""
+        rank = self._rank
+        if rank is None or self._destroyed:
+            rank = self._member_rank(operation)  # raises
+        seq = next(self._seq)
+        call = Call(
+            self._transport,
+            self._ranks,
+            rank,
+            collective_tag(self._group_id, seq),
+            time.monotonic() + self._timeout,
+            self._scratch,
+            fp,
+        )
+        try:
+            body(call)
+        except FerrodistError as exc:
+            raise self._frame(exc, operation, seq, self._timeout).with_traceback(exc.__traceback__) from None
+
     def _native_for(self, t: Tensor, op: ReduceOp | None = None, algorithm: str | None = None) -> Any:
         """The transport's own collectives when they can do this call (and the caller did
         not ask for one of ours), else None."""
@@ -306,13 +326,17 @@ class ProcessGroup:
             group.all_reduce(x, ReduceOp.MAX)            # rank 0: [2, 20]  rank 1: [2, 20]
         """
         native = self._native
-        if type(tensor) is np.ndarray and self._fast_native(native, timeout, bool(async_op or algorithm or compress)):
+        if type(tensor) is np.ndarray and not (async_op or timeout or algorithm or compress or self._debug):
             plan = self._fast_plans.get(("all_reduce", tensor.dtype, op, tensor.size))
             if plan is not None and tensor.flags.c_contiguous and tensor.flags.writeable:
-                dt, reduce_op, fp = plan
-                self._fast(
-                    "all_reduce", lambda deadline: native.all_reduce(tensor.reshape(-1), dt, reduce_op, deadline, fp)
-                )
+                dt, how, fp = plan
+                if dt is None:  # one of our algorithms: (engine, kernel, divisor)
+                    engine, kernel, divisor = how
+                    self._fast_call("all_reduce", fp, lambda call: engine(call, tensor.reshape(-1), kernel, divisor))
+                else:
+                    self._fast(
+                        "all_reduce", lambda deadline: native.all_reduce(tensor.reshape(-1), dt, how, deadline, fp)
+                    )
                 return None
         check = self._checker("all_reduce")
         t = check.tensor(tensor, writeable=True)
@@ -335,8 +359,12 @@ class ProcessGroup:
         engine = _ring.all_reduce if name == "ring" else _doubling.all_reduce
         kernel = reducer(t.dtype, reduce_op)
         native = self._native_for(t, reduce_op, algorithm)
-        if native is not None and type(tensor) is np.ndarray:
-            self._remember(("all_reduce", tensor.dtype, op, t.numel), (t.dtype, reduce_op, fp), tensor)
+        if type(tensor) is np.ndarray and not (algorithm or compress):
+            self._remember(
+                ("all_reduce", tensor.dtype, op, t.numel),
+                (t.dtype, reduce_op, fp) if native is not None else (None, (engine, kernel, divisor), fp),
+                tensor,
+            )
         return self._launch(
             "all_reduce",
             (lambda call: native.all_reduce(x, t.dtype, reduce_op, call.deadline, call.fingerprint))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import os
+import select
 import socket
 import threading
 import time
@@ -38,6 +39,8 @@ __all__ = ["TcpTransport"]
 _SMALL = 64 << 10  # payloads up to this size go out in one write with their header
 _BARRIER_TAGS = 0xFFFF << 48  # the transport's own barrier messages use tags from here
 _DEFAULT_MAX_FRAME = 16 << 30
+#: Seconds a link stays with the callers after their last claim before its thread reads it again.
+_LINGER = 0.005
 
 
 class _Done:
@@ -80,98 +83,237 @@ class _Recv:
         self._t._wait_recv(self._p, self._src, self._t.timeout if timeout is None else timeout)
 
 
+class _Frame:
+    """A DATA frame being read: where its payload goes (a posted receive's buffer, a new
+    buffer for a message nobody waits for yet, or pieces of a scratch buffer to drop a
+    mismatched one) and how much is left."""
+
+    __slots__ = ("error", "fingerprint", "left", "payload", "pending", "piece", "tag")
+
+    def __init__(self, tag: int, fingerprint: int, pending: _Pending | None, error: BaseException | None) -> None:
+        self.tag = tag
+        self.fingerprint = fingerprint
+        self.pending = pending
+        self.error = error
+        self.payload: bytearray | None = None
+        self.piece = memoryview(b"")
+        self.left = 0
+
+    def next_piece(self) -> None:
+        scratch = memoryview(bytearray(min(self.left, 1 << 20)))
+        self.piece, self.left = scratch, self.left - len(scratch)
+
+
 class _Link:
-    """The connection to one peer: a send lock and sequence, and a receiver thread."""
+    """The connection to one peer: a send lock and sequence, and a resumable reader.
+
+    The socket is non-blocking; every wait is a ``poll`` with a deadline. Frames are read
+    by whoever holds ``read_lock``, a piece at a time (``advance``): the link's own thread,
+    or a caller waiting for a message from this peer, which reads the frames itself (the
+    hand-off from a reader thread cost more than the transfer of a small message). While
+    callers have the link (``claim``), it is out of the thread's epoll set and the thread
+    sleeps on; a send that waits for room reads such links meanwhile (``_progress``). A
+    reader stops wherever the bytes stop, mid-frame included, and the next one goes on
+    from there: no reader ever waits for a peer while that peer waits for it.
+    """
 
     def __init__(self, transport: TcpTransport, peer: int, sock: socket.socket) -> None:
         self.transport = transport
         self.peer = peer
         self.sock = sock
+        sock.setblocking(False)
+        self.fd = sock.fileno()
         self.send_lock = threading.Lock()
         self.send_seq = 1  # HELLO was frame 0 in both directions
         self.recv_seq = 1
+        self.read_lock = threading.Lock()
+        self.claim_lock = threading.Lock()
+        self.claims = 0  # callers reading this link themselves; the thread reads when none
+        self.paused = False  # the thread is not listening (claimed now, or a moment ago)
+        self.released = 0.0  # when the last claim ended
+        self.ended = False  # no more frames will be read: GOODBYE, a broken stream, or close
+        # the frame being read (guarded by read_lock)
+        self._header = memoryview(bytearray(HEADER.size))
+        self._got = 0  # bytes of the header, then of the current piece of payload
+        self._frame: _Frame | None = None
+        self._readable = select.poll()
+        self._readable.register(self.fd, select.POLLIN)
+        self._writable = select.poll()
+        self._writable.register(self.fd, select.POLLOUT)
+        self._events = select.epoll()
+        self._events.register(self.fd, select.EPOLLIN)
         self.thread = threading.Thread(
             target=self._receive_loop, name=f"ferrodist-rank{transport.rank}-from{peer}", daemon=True
         )
 
-    # -- receiving (the link's own thread) ----------------------------------------------------
+    # -- receiving ------------------------------------------------------------------------------
     def _receive_loop(self) -> None:
+        """The link's thread: read what has arrived whenever no caller has the link."""
+        while not self.ended:
+            if not self._events.poll(self._resume()) and not self.transport._closing:
+                continue
+            with self.read_lock:
+                while not self.ended and self.advance(None):
+                    pass
+
+    def claim(self) -> None:
+        """A caller will read this link itself (see ``read_for``): the thread sleeps on."""
+        with self.claim_lock:
+            self.claims += 1
+            if not self.paused:
+                self.paused = True
+                self._listen(0)
+
+    def unclaim(self) -> None:
+        """The caller is done. The thread takes the link back only after ``_LINGER`` idle
+        seconds (see ``_resume``): a caller making call after call keeps it all along, and
+        its peer's next message, often already on its way, is not read by the thread."""
+        with self.claim_lock:
+            self.claims -= 1
+            if self.claims == 0:
+                self.released = time.monotonic()
+
+    def _resume(self) -> float:
+        """The thread's check before it sleeps: take the link back if nobody has claimed it
+        for ``_LINGER`` seconds. Returns how long to sleep before looking again."""
+        if not self.paused:
+            return 1.0
+        with self.claim_lock:
+            if self.claims:
+                return _LINGER
+            idle = time.monotonic() - self.released
+            if idle < _LINGER:
+                return _LINGER - idle
+            self.paused = False
+            self._listen(select.EPOLLIN)
+            return 1.0
+
+    def _listen(self, events: int) -> None:
+        if not self.ended:
+            try:
+                self._events.modify(self.fd, events)
+            except (OSError, ValueError):  # closed under us: the waits report why
+                pass
+
+    def read_for(self, pending: _Pending, deadline: float) -> None:
+        """A caller's wait, on a claimed link: read its frames until ``pending`` is done,
+        the deadline passes or the link ends. Whoever else holds the reader (the thread,
+        or another caller) is reading what has arrived and lets go soon."""
+        while not pending.done and not self.ended:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.read_lock.acquire(timeout=left):
+                return
+            try:
+                while not pending.done and not self.ended:
+                    if not self.advance(deadline):
+                        if not self._wait(self._readable, deadline):
+                            return
+            finally:
+                self.read_lock.release()
+
+    def advance(self, deadline: float | None) -> bool:
+        """Read what has arrived, up to the end of one frame, and deliver a frame that is
+        complete (the caller holds ``read_lock``). True if any bytes came. A failure ends
+        the link and is recorded against the peer and the receive being filled."""
         t = self.transport
         try:
-            while True:
-                raw = self._read(memoryview(bytearray(HEADER.size)))
-                header = decode_header(raw, expected_sequence=self.recv_seq, max_length=t._max_frame, peer=self.peer)
-                self.recv_seq += 1
-                if header.kind == GOODBYE:
-                    t._lose(
-                        self.peer,
-                        PeerLost(
-                            f"rank {self.peer} closed its transport (it finished, or called destroy_process_group)",
-                            peer=self.peer,
-                            rank=t.rank,
-                        ),
-                    )
-                    return
-                if header.kind != DATA:
-                    raise ProtocolError(f"rank {self.peer} sent an unexpected HELLO after the handshake")
-                t._deliver(self, header.tag, header.fingerprint, header.length)
+            frame = self._frame
+            view = self._header[self._got :] if frame is None else frame.piece[self._got :]
+            try:
+                n = self.sock.recv_into(view) if len(view) else 0
+            except BlockingIOError:
+                return False
+            if n == 0 and len(view):
+                self._eof()
+            self._got += n
+            if frame is None:
+                if self._got < HEADER.size:
+                    return True
+                self._got = 0
+                frame = self._frame = self._begin()
+            if self._got == len(frame.piece):
+                self._got = 0
+                if frame.left:  # a mismatched payload, read and dropped a piece at a time
+                    frame.next_piece()
+                else:
+                    self._frame = None
+                    t._complete(self, frame)
+            return True
         except FerrodistError as exc:
-            t._lose(self.peer, exc)
+            self._end(exc)
         except OSError as exc:
-            t._lose(
-                self.peer,
+            self._end(
                 PeerLost(
                     f"the connection from rank {self.peer} broke ({exc.strerror or exc}): it died or was killed",
                     peer=self.peer,
                     rank=t.rank,
-                ),
+                )
             )
         except Exception as exc:
-            t._lose(self.peer, ProtocolError(f"reading from rank {self.peer} failed: {exc!r}", rank=t.rank))
+            self._end(ProtocolError(f"reading from rank {self.peer} failed: {exc!r}", rank=t.rank))
+        return False
 
-    def _read(self, view: memoryview) -> memoryview:
-        """Fill ``view`` from the socket; raise at end of stream."""
-        got, count = 0, len(view)
-        while got < count:
-            try:
-                n = self.sock.recv_into(view[got:], count - got)
-            except TimeoutError:
-                if self.transport._closing:
-                    raise PeerLost("this transport is closing", peer=self.peer) from None
-                continue
-            if n == 0:
-                if self.transport._closing:
-                    raise PeerLost("this transport is closing", peer=self.peer)
-                raise PeerLost(
-                    f"rank {self.peer} went away without closing its transport (it exited, crashed or was killed)",
-                    peer=self.peer,
-                    rank=self.transport.rank,
-                )
-            got += n
-        return view
+    def _begin(self) -> _Frame:
+        t = self.transport
+        header = decode_header(self._header, expected_sequence=self.recv_seq, max_length=t._max_frame, peer=self.peer)
+        self.recv_seq += 1
+        if header.kind == GOODBYE:
+            raise PeerLost(
+                f"rank {self.peer} closed its transport (it finished, or called destroy_process_group)",
+                peer=self.peer,
+                rank=t.rank,
+            )
+        if header.kind != DATA:
+            raise ProtocolError(f"rank {self.peer} sent an unexpected HELLO after the handshake")
+        return t._begin(self, header.tag, header.fingerprint, header.length)
 
-    def discard(self, count: int) -> None:
-        chunk = memoryview(bytearray(min(count, 1 << 20) or 1))
-        while count:
-            step = min(count, len(chunk))
-            self._read(chunk[:step])
-            count -= step
+    def _end(self, error: FerrodistError) -> None:
+        self.ended = True
+        frame, self._frame = self._frame, None
+        self.transport._lose(self.peer, error, frame)
+
+    def _eof(self) -> None:
+        if self.transport._closing:
+            raise PeerLost("this transport is closing", peer=self.peer)
+        raise PeerLost(
+            f"rank {self.peer} went away without closing its transport (it exited, crashed or was killed)",
+            peer=self.peer,
+            rank=self.transport.rank,
+        )
+
+    def _wait(self, poller: select.poll, deadline: float) -> bool:
+        """Block until the socket is ready; False once ``deadline`` has passed."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if poller.poll(min(left, 1.0) * 1000 + 1):
+                return True
 
     # -- sending (any thread, one frame at a time) ----------------------------------------------
     def send(self, kind: int, tag: int, fingerprint: int, payload: Buffer | None, timeout: float) -> None:
+        """Send one frame. Raises ``TimeoutError`` when the peer does not take the bytes in time."""
         nbytes = 0 if payload is None else payload.nbytes
+        deadline = time.monotonic() + timeout
         with self.send_lock:
             header = encode_header(kind, tag, self.send_seq, fingerprint, nbytes)
             self.send_seq += 1
-            self.sock.settimeout(timeout)
             if payload is None or nbytes == 0:
-                self.sock.sendall(header)
+                self._write(memoryview(header), deadline)
             elif nbytes <= _SMALL:
-                self.sock.sendall(header + payload.tobytes())
+                self._write(memoryview(header + payload.tobytes()), deadline)
             else:
-                self.sock.sendall(header)
-                self.sock.sendall(memoryview(payload))  # type: ignore[arg-type]
-            self.sock.settimeout(3600.0)
+                self._write(memoryview(header), deadline)
+                self._write(memoryview(payload).cast("B"), deadline)  # type: ignore[arg-type]
+
+    def _write(self, view: memoryview, deadline: float) -> None:
+        sent, count = 0, len(view)
+        while sent < count:
+            try:
+                sent += self.sock.send(view[sent:])
+            except BlockingIOError:
+                if not self.transport._progress(self, deadline):
+                    raise TimeoutError from None
 
 
 class TcpTransport:
@@ -250,7 +392,6 @@ class TcpTransport:
         return self
 
     def _add_link(self, peer: int, sock: socket.socket) -> None:
-        sock.settimeout(3600.0)
         self._links[peer] = _Link(self, peer, sock)
 
     # -- identity ------------------------------------------------------------------------------
@@ -277,8 +418,8 @@ class TcpTransport:
         return f"TcpTransport(rank={self._rank}, world_size={self._world_size})"
 
     # -- receiving -----------------------------------------------------------------------------
-    def _deliver(self, link: _Link, tag: int, fingerprint: int, length: int) -> None:
-        """Called by a link's thread for each DATA frame header; reads the payload."""
+    def _begin(self, link: _Link, tag: int, fingerprint: int, length: int) -> _Frame:
+        """A DATA frame's header has arrived on ``link``: decide where its payload goes."""
         key = (link.peer, tag)
         with self._cond:
             queue = self._posted.get(key)
@@ -287,37 +428,39 @@ class TcpTransport:
                 del self._posted[key]
             if pending is not None:
                 pending.claimed = True
-        if pending is not None:
-            error: BaseException | None = check_match(
-                self._rank, link.peer, tag, pending.buf.nbytes, pending.fingerprint, length, fingerprint
-            )
-            try:
-                if error is None:
-                    if length:
-                        link._read(memoryview(pending.buf))  # type: ignore[arg-type]
-                else:
-                    link.discard(length)
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                with self._cond:
-                    pending.error = error
-                    pending.done = True
-                    self._cond.notify_all()
-            return
-        payload = bytearray(length)
-        if length:
-            link._read(memoryview(payload))
+        if pending is None:
+            frame = _Frame(tag, fingerprint, None, None)
+            frame.payload = bytearray(length)
+            frame.piece = memoryview(frame.payload)
+            return frame
+        error = check_match(self._rank, link.peer, tag, pending.buf.nbytes, pending.fingerprint, length, fingerprint)
+        frame = _Frame(tag, fingerprint, pending, error)
+        if error is None:
+            frame.piece = memoryview(pending.buf).cast("B")  # type: ignore[arg-type]
+        else:
+            frame.left = length
+            frame.next_piece()
+        return frame
+
+    def _complete(self, link: _Link, frame: _Frame) -> None:
+        """The last byte of ``frame`` has arrived: finish its receive, or keep it for one."""
+        pending = frame.pending
         with self._cond:
+            if pending is not None:
+                pending.error = frame.error
+                pending.done = True
+                self._cond.notify_all()
+                return
+            key = (link.peer, frame.tag)
+            payload = frame.payload if frame.payload is not None else bytearray()
             queue = self._posted.get(key)
             if queue:  # its receive was posted while the bytes were arriving
-                self._fill(queue.popleft(), link.peer, payload, fingerprint)
+                self._fill(queue.popleft(), link.peer, payload, frame.fingerprint)
                 if not queue:
                     del self._posted[key]
                 self._cond.notify_all()
             else:
-                self._unexpected[key].append((payload, fingerprint))
+                self._unexpected[key].append((payload, frame.fingerprint))
 
     def _fill(self, pending: _Pending, src: int, payload: bytearray, fingerprint: int) -> None:
         pending.error = check_match(
@@ -347,6 +490,13 @@ class TcpTransport:
 
     def _wait_recv(self, pending: _Pending, src: int, limit: float) -> None:
         deadline = time.monotonic() + limit
+        link = self._links.get(src)
+        if not pending.done and link is not None and not link.ended:
+            link.claim()
+            try:
+                link.read_for(pending, deadline)
+            finally:
+                link.unclaim()
         with self._cond:
             while not pending.done:
                 lost = self._lost.get(src) or self._lost.get(self._rank)
@@ -357,7 +507,14 @@ class TcpTransport:
                 if left <= 0:
                     if not pending.claimed:
                         self._withdraw(pending, src)
-                    raise receive_timeout(self._rank, src, pending.tag, limit)
+                        raise receive_timeout(self._rank, src, pending.tag, limit)
+                    raise CollectiveTimeout(
+                        f"rank {self._rank} waited {limit:g} s for a message from rank {src} (tag {pending.tag:#x}): "
+                        f"it began to arrive, then stopped in the middle; rank {src} is stuck or overloaded (the "
+                        "rest still lands in the buffer if it comes)",
+                        rank=self._rank,
+                        waiting_for=(src,),
+                    )
                 self._cond.wait(left)
         if pending.error is not None:
             raise pending.error
@@ -367,10 +524,14 @@ class TcpTransport:
         if queue is not None and pending in queue:
             queue.remove(pending)
 
-    def _lose(self, peer: int, error: FerrodistError) -> None:
-        """Record that ``peer`` is gone (or its stream is corrupt) and wake every waiter."""
+    def _lose(self, peer: int, error: FerrodistError, frame: _Frame | None = None) -> None:
+        """Record that ``peer`` is gone (or its stream is corrupt) and wake every waiter;
+        the receive that ``frame`` was filling fails with ``error``."""
         with self._cond:
             self._lost.setdefault(peer, error)
+            if frame is not None and frame.pending is not None:
+                frame.pending.error = error
+                frame.pending.done = True
             self._cond.notify_all()
 
     # -- sending -------------------------------------------------------------------------------
@@ -410,6 +571,58 @@ class TcpTransport:
     def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.isend(buf, dst, tag, fingerprint=fingerprint, timeout=timeout)
 
+    def sendrecv(
+        self,
+        send_buf: Buffer,
+        dst: int,
+        recv_buf: Buffer,
+        src: int,
+        tag: int = 0,
+        *,
+        timeout: float | None = None,
+        fingerprint: int = 0,
+    ) -> None:
+        """Send ``send_buf`` to ``dst`` and receive ``recv_buf`` from ``src`` at once (one
+        ring step). This thread reads ``src``'s frames itself for the whole call, also while
+        its send waits for room, so no thread hand-off delays the reply."""
+        limit = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        src = check_peer(self._rank, self._world_size, src, "recv")
+        link = self._links[src]
+        link.claim()
+        try:
+            request = self.irecv(recv_buf, src, tag, fingerprint=fingerprint)
+            self.isend(send_buf, dst, tag, fingerprint=fingerprint, timeout=max(0.0, deadline - time.monotonic()))
+            self._wait_recv(request._p, src, max(0.0, deadline - time.monotonic()))
+        finally:
+            link.unclaim()
+
+    def _progress(self, sending: _Link, deadline: float) -> bool:
+        """A send is waiting for room on ``sending``: meanwhile read what has arrived on the
+        links callers hold (the thread is not reading those), so that two ranks sending to
+        each other cannot block each other. False once ``deadline`` has passed."""
+        held = [link for link in self._links.values() if link.paused and not link.ended]
+        if not held:
+            return sending._wait(sending._writable, deadline)
+        masks = {sending.fd: select.POLLOUT}
+        for link in held:
+            masks[link.fd] = masks.get(link.fd, 0) | select.POLLIN
+        poller = select.poll()
+        for fd, mask in masks.items():
+            poller.register(fd, mask)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        ready = {fd for fd, events in poller.poll(min(left, 1.0) * 1000 + 1) if events & ~select.POLLOUT}
+        for link in held:
+            if link.fd in ready and link.read_lock.acquire(blocking=False):
+                try:
+                    while not link.ended and link.advance(deadline):
+                        pass
+                finally:
+                    link.read_lock.release()
+        return True
+
     # -- whole world ---------------------------------------------------------------------------
     def barrier(self, *, timeout: float | None = None) -> None:
         """Dissemination barrier over every rank (log2 p rounds of one-byte messages)."""
@@ -442,6 +655,8 @@ class TcpTransport:
         for link in self._links.values():
             if link.thread.is_alive():
                 link.thread.join(max(0.0, deadline - time.monotonic()))
+            if not link.thread.is_alive():
+                link._events.close()
             link.sock.close()
         self._lose(self._rank, PeerLost(f"rank {self._rank}: this transport is closed", peer=self._rank))
         if self._store is not None:

@@ -1,0 +1,132 @@
+"""TCP: a caller waiting for a message reads its link itself (``sendrecv``, ``recv``), the
+link's thread takes it back once callers are done, and neither side can block the other."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from _helpers import tcp_world
+from ferrodist.core import CollectiveTimeout
+from ferrodist.transport._frames import DATA, encode_header
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def world():
+    made: list = []
+
+    def build(n: int) -> list:
+        made.extend(tcp_world(n, timeout=20.0))
+        return made[-n:]
+
+    yield build
+    for t in made:
+        t.close()
+
+
+def _in_threads(fns):
+    """Run each fn in its own thread; re-raise the first failure."""
+    errors: list[BaseException] = []
+
+    def guard(fn):
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guard, args=(fn,)) for fn in fns]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(50)
+    assert not any(thread.is_alive() for thread in threads), "a rank is still blocked"
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ring_steps_larger_than_the_socket_buffers_do_not_block_each_other(world, n):
+    """Every rank sends 48 MB to its right while reading from its left (more than the
+    socket buffers hold, which grow to 32 MB on Linux): a send that waits
+    for room must read the claimed link meanwhile, or the ring deadlocks."""
+    transports = world(n)
+    rng = np.random.default_rng(7)
+    data = [rng.random(6_000_000) for _ in range(n)]
+    got = [np.zeros(6_000_000) for _ in range(n)]
+
+    def step(r):
+        def run():
+            for tag in (1, 2):  # twice: the second finds the links already held by callers
+                transports[r].sendrecv(data[r] * tag, (r + 1) % n, got[r], (r - 1) % n, tag, timeout=30)
+                np.testing.assert_array_equal(got[r], data[(r - 1) % n] * tag)
+
+        return run
+
+    _in_threads([step(r) for r in range(n)])
+
+
+def test_small_sendrecv_in_a_loop_keeps_the_order_of_every_message(world):
+    t0, t1 = world(2)
+    rounds = 300
+
+    def side(t, peer, sign):
+        def run():
+            out, into = np.zeros(64, np.int64), np.zeros(64, np.int64)
+            for i in range(rounds):
+                out[:] = sign * i
+                t.sendrecv(out, peer, into, peer, 9, timeout=20)
+                assert (into == -sign * i).all()
+
+        return run
+
+    _in_threads([side(t0, 1, 1), side(t1, 0, -1)])
+
+
+def test_the_thread_takes_the_link_back_when_the_caller_moves_on(world):
+    """After a sendrecv, rank 1 stops calling the transport. Rank 0's 16 MB send (more than
+    the socket buffers hold) must still complete: rank 1's link thread reads it."""
+    t0, t1 = world(2)
+    a, b = np.ones(8), np.zeros(8)
+    _in_threads([lambda: t0.sendrecv(a, 1, b, 1, 3, timeout=20), lambda: t1.sendrecv(a, 0, np.zeros(8), 0, 3)])
+    big = np.arange(2_000_000, dtype=np.float64)
+    t0.send(big, 1, tag=4, timeout=5.0)  # CollectiveTimeout if nobody on rank 1 reads
+    into = np.zeros_like(big)
+    t1.recv(into, 0, tag=4, timeout=10)
+    np.testing.assert_array_equal(into, big)
+
+
+def test_sendrecv_times_out_naming_the_silent_peer(world):
+    t0, t1 = world(2)
+    start = time.monotonic()
+    with pytest.raises(CollectiveTimeout) as info:
+        t1.sendrecv(np.ones(4), 0, np.zeros(4), 0, 5, timeout=0.3)
+    assert info.value.waiting_for == (0,)
+    assert time.monotonic() - start < 10
+    into = np.zeros(4)  # the link still works: rank 0 reads what rank 1 sent
+    t0.recv(into, 1, 5, timeout=5)
+    np.testing.assert_array_equal(into, np.ones(4))
+
+
+def test_a_message_that_stops_in_the_middle_times_out_saying_so_and_the_link_goes_on(world):
+    t0, t1 = world(2)
+    link = t0._links[1]
+    with link.send_lock:  # a frame announcing 1000 bytes, of which only 10 come for now
+        header = encode_header(DATA, 6, link.send_seq, 0, 1000)
+        link.send_seq += 1
+        link.sock.send(header + b"x" * 10)
+    into = np.zeros(1000, np.uint8)
+    with pytest.raises(CollectiveTimeout, match="stopped in the middle") as info:
+        t1.recv(into, 0, 6, timeout=0.5)
+    assert info.value.waiting_for == (0,)
+    with link.send_lock:  # the rest comes late; the reader goes on where it stopped
+        link.sock.sendall(b"y" * 990)
+    later = np.zeros(4)
+    t0.send(np.arange(4.0), 1, tag=7)
+    t1.recv(later, 0, 7, timeout=10)
+    np.testing.assert_array_equal(later, np.arange(4.0))
+    assert bytes(into[:10]) == b"x" * 10 and bytes(into[10:]) == b"y" * 990
