@@ -8,6 +8,7 @@ matched by the receive of the same step) without moving a byte.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 __all__ = [
@@ -93,6 +94,7 @@ class DoublingPlan:
     partners: tuple[int, ...]
 
 
+@functools.lru_cache(maxsize=256)
 def doubling_plan(size: int, rank: int) -> DoublingPlan:
     power = 1 << (size.bit_length() - 1)
     extra = size - power

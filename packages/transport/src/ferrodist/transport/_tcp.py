@@ -301,7 +301,16 @@ class _Link:
             if payload is None or nbytes == 0:
                 self._write(memoryview(header), deadline)
             elif nbytes <= _SMALL:
-                self._write(memoryview(header + payload.tobytes()), deadline)
+                body = memoryview(payload).cast("B")  # type: ignore[arg-type]
+                try:  # header and payload in one system call, no joined copy
+                    sent = self.sock.sendmsg((header, body))
+                except BlockingIOError:
+                    sent = 0
+                if sent < len(header):
+                    self._write(memoryview(header)[sent:], deadline)
+                    sent = len(header)
+                if sent - len(header) < nbytes:
+                    self._write(body[sent - len(header) :], deadline)
             else:
                 self._write(memoryview(header), deadline)
                 self._write(memoryview(payload).cast("B"), deadline)  # type: ignore[arg-type]
@@ -492,7 +501,7 @@ class TcpTransport:
         deadline = time.monotonic() + limit
         link = self._links.get(src)
         if not pending.done and link is not None and not link.ended:
-            link.claim()
+            link.claim()  # nested in sendrecv's claim: no system call
             try:
                 link.read_for(pending, deadline)
             finally:
