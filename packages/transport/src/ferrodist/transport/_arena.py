@@ -55,6 +55,7 @@ class Arena:
         # is not worth a futex sleep and wake-up, which cost as much here); briefly when
         # ranks share cores (oversubscribed). FERRODIST_SHM_SPINS overrides.
         self._spins = int(os.environ.get("FERRODIST_SHM_SPINS", 0)) or (40000 if world <= (os.cpu_count() or 1) else 64)
+        self._yields = int(os.environ.get("FERRODIST_SHM_YIELDS", 0 if world <= (os.cpu_count() or 1) else 100))
         self._data = np.frombuffer(mapping, np.uint8, offset=control, count=world * slots * chunk)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
         self.chunks = 0  # chunks this rank has gone through (the same sequence on every rank)
@@ -163,6 +164,7 @@ class Arena:
         first, stop = (0, self.world) if ranks is None else (ranks[0], ranks[-1] + 1)
         stride, offset = COUNTERS * _WORDS_PER_LINE, which * _WORDS_PER_LINE
         column = self._lines[:, which, 0]
+        yielded = 0
         while True:
             laggard = spin_until(self._words, stride, offset, first, stop, target, self._spins)
             if laggard < 0:
@@ -176,6 +178,10 @@ class Arena:
                     waiting_for=tuple(late),
                 )
             health()
+            if self._yields and yielded < self._yields:  # ranks share cores: let the laggard run
+                yielded += 1
+                os.sched_yield()
+                continue
             seen = int(column[laggard])
             self._lines[self.rank, which, 1] = 1  # "I may sleep": wakers check this flag
             if int(column[laggard]) == seen and seen < target:
