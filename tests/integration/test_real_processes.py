@@ -37,8 +37,8 @@ def ferrodist_files() -> set[str]:
 
 @pytest.mark.parametrize(
     ("backend", "ranks", "chunk"),
-    [("tcp", 2, None), ("tcp", 4, None), ("shm", 2, None), ("shm", 4, None), ("shm", 3, 256)],
-    ids=["tcp-2", "tcp-4", "shm-2", "shm-4", "shm-3-small-chunks"],
+    [("tcp", 2, None), ("tcp", 4, None), ("shm", 2, None), ("shm", 4, None), ("shm", 3, 256), ("shm", 2, 256)],
+    ids=["tcp-2", "tcp-4", "shm-2", "shm-4", "shm-3-small-chunks", "shm-2-small-chunks"],
 )
 def test_property_cases_in_real_processes(backend, ranks, chunk, monkeypatch):
     if chunk:  # tiny shared-memory slots: every case crosses many chunks and reuses slots

@@ -29,6 +29,7 @@ from numba import types
 from numba.extending import overload
 
 from ferrodist.core._jit import copy_into, jit, store_release
+from ferrodist.core._kernels import SUM as _SUM
 from ferrodist.core._kernels import _bf16_load, _bf16_store, _combine, _combine_float, _f16_load, _f16_store
 
 from ._arena import CALL, COPIED, COUNTERS, GATHERED, LINE, REDUCED
@@ -56,7 +57,8 @@ LO, CHUNK, PHASE, WHICH, TARGET, SLOT, FIRST, STOP = range(8)
 #: cheap, about 0.2 us per argument): this rank, ranks, slots per rank, bytes per slot,
 #: spins before a wait returns, opcode, root (-1: none), fingerprint (its 64 bits).
 ME, RANKS, SLOTS, BYTES, SPINS, OP, ROOT, CALL_ID = range(8, 16)
-#: For :func:`all_reduce_small`: 0, or the 16-bit float type of ``x``'s bits (BF16, F16).
+#: For :func:`all_reduce_small` and :func:`all_reduce`: 0, or the 16-bit float type of
+#: ``x``'s bits (BF16, F16).
 HALF = 16
 STATE = 17
 BF16, F16 = 1, 2
@@ -164,12 +166,15 @@ def _stop(state, lo, g, phase, which, target, s, first, stop, status):  # type: 
 @jit
 def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
     """Run (or resume, from ``state``) the chunk loop of an all_reduce (``root < 0``) or a
-    reduce to ``root`` over the flat array ``x``; returns DONE, WAIT, WAKE or MISMATCH."""
+    reduce to ``root`` over the flat array ``x``; returns DONE, WAIT, WAKE or MISMATCH.
+    float16/bfloat16 (``state[HALF]``, ``x`` their bits) accumulate in float32."""
     me, p, slots, chunk, spins, op, root, fingerprint = _params(state)
     n = x.shape[0]
     per = chunk // x.itemsize
     lo, g, phase = state[LO], state[CHUNK], state[PHASE]
     gather = root < 0 or root == me
+    half = state[HALF]  # 0, or x holds float16/bfloat16 bits (BF16, F16): float32 accumulation
+    acc = np.empty(HALF_BLOCK if half else 0, np.float32)
     while lo < n:
         m = min(per, n - lo)
         s = g % slots
@@ -193,13 +198,19 @@ def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
             if _other_call(words, s, 0, p, fingerprint):
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
             out = mine[b0:b1]
-            first = _source(data, x, part, me, 0, s, slots, chunk, m)[b0:b1]
-            second = _source(data, x, part, me, 1, s, slots, chunk, m)[b0:b1]
-            _fold(out, first, second, op, divisor if p == 2 else 1.0)
-            for q in range(2, p):
-                _fold_in(
-                    out, _source(data, x, part, me, q, s, slots, chunk, m)[b0:b1], op, divisor if q == p - 1 else 1.0
-                )
+            if half:
+                _fold_halves_block(out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc)
+            else:
+                first = _source(data, x, part, me, 0, s, slots, chunk, m)[b0:b1]
+                second = _source(data, x, part, me, 1, s, slots, chunk, m)[b0:b1]
+                _fold(out, first, second, op, divisor if p == 2 else 1.0)
+                for q in range(2, p):
+                    _fold_in(
+                        out,
+                        _source(data, x, part, me, q, s, slots, chunk, m)[b0:b1],
+                        op,
+                        divisor if q == p - 1 else 1.0,
+                    )
             if gather:
                 copy_into(part[b0:b1], out)
             phase = 2
@@ -242,6 +253,86 @@ def _fold_halves(x, data, s, slots, chunk, p, op, divisor, half):  # type: ignor
     for i in range(n):
         value = acc[i] / div if divisor != 1.0 else acc[i]
         x[i] = _bf16_store(value) if half == BF16 else _f16_store(value)
+
+
+#: Elements per float32 accumulator block of the large float16/bfloat16 fold.
+HALF_BLOCK = 2048
+
+
+def _fold_halves_block(out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc):  # type: ignore[no-untyped-def]
+    """``out`` = block b0:b1 of every rank's chunk (this rank's from ``part``, the others'
+    from their slots), 16-bit float bits combined in float32 in rank order and rounded
+    once, ``HALF_BLOCK`` elements at a time: the fused kernels' bits. Typed by the overload
+    below: arrays of other dtypes never take this path."""
+
+
+@overload(_fold_halves_block)
+def _fold_halves_block_typed(out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc):  # type: ignore[no-untyped-def]
+    if not isinstance(out, types.Array) or out.dtype != types.uint16:
+        return lambda out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc: None
+
+    def fold(out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc):  # type: ignore[no-untyped-def]
+        if p == 2 and op == _SUM:  # one fused pass, as fast as the kernels
+            a = _source(data, x, part, me, 0, s, slots, chunk, m)[b0:b1]
+            b = _source(data, x, part, me, 1, s, slots, chunk, m)[b0:b1]
+            div = np.float32(divisor)
+            k = np.uint64(b1 - b0)
+            if half == BF16:
+                if divisor != 1.0:
+                    for u in range(k):
+                        out[u] = _bf16_store((_bf16_load(a[u]) + _bf16_load(b[u])) / div)
+                else:
+                    for u in range(k):
+                        out[u] = _bf16_store(_bf16_load(a[u]) + _bf16_load(b[u]))
+            elif divisor != 1.0:
+                for u in range(k):
+                    out[u] = _f16_store((_f16_load(a[u]) + _f16_load(b[u])) / div)
+            else:
+                for u in range(k):
+                    out[u] = _f16_store(_f16_load(a[u]) + _f16_load(b[u]))
+            return
+        for lo in range(b0, b1, HALF_BLOCK):
+            hi = min(lo + HALF_BLOCK, b1)
+            k = np.uint64(hi - lo)
+            first = _source(data, x, part, me, 0, s, slots, chunk, m)[lo:hi]
+            if half == BF16:
+                for u in range(k):
+                    acc[u] = _bf16_load(first[u])
+            else:
+                for u in range(k):
+                    acc[u] = _f16_load(first[u])
+            for q in range(1, p):
+                src = _source(data, x, part, me, q, s, slots, chunk, m)[lo:hi]
+                if half == BF16:
+                    if op == _SUM:  # the common op gets a loop of its own, which vectorises
+                        for u in range(k):
+                            acc[u] += _bf16_load(src[u])
+                    else:
+                        for u in range(k):
+                            acc[u] = _combine_float(acc[u], _bf16_load(src[u]), op)
+                elif op == _SUM:
+                    for u in range(k):
+                        acc[u] += _f16_load(src[u])
+                else:
+                    for u in range(k):
+                        acc[u] = _combine_float(acc[u], _f16_load(src[u]), op)
+            o = out[lo - b0 : hi - b0]
+            div = np.float32(divisor)
+            if half == BF16:
+                if divisor != 1.0:
+                    for u in range(k):
+                        o[u] = _bf16_store(acc[u] / div)
+                else:
+                    for u in range(k):
+                        o[u] = _bf16_store(acc[u])
+            elif divisor != 1.0:
+                for u in range(k):
+                    o[u] = _f16_store(acc[u] / div)
+            else:
+                for u in range(k):
+                    o[u] = _f16_store(acc[u])
+
+    return fold
 
 
 @jit

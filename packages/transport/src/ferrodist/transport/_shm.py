@@ -22,7 +22,7 @@ from ferrodist.core import BackendUnavailable, DType, InvalidArgument, ReduceOp,
 from ferrodist.core._reduce import half_opcode, pairwise_opcode
 
 from . import _chunks
-from ._arena import BARRIER, COPIED, GATHERED, REDUCED, Arena
+from ._arena import BARRIER, COPIED, GATHERED, Arena
 from ._protocol import DEFAULT_TIMEOUT
 from ._tcp import TcpTransport
 
@@ -153,56 +153,29 @@ class ShmCollectives:
     def _reduce_chunks(
         self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, root: int | None
     ) -> None:
-        """Direct reduce-scatter + gather, chunk by chunk. Each chunk is cut into one block
-        per rank. A rank copies into its slot only the blocks other ranks reduce; it reduces
-        its own block from ``x`` and the peers' slots into its slot (one fused pass, never in
-        place, so the kernel vectorises), copies the result back into ``x``, and every rank (``root=None``) or the root
-        alone copies the other blocks from their owners'
-        slots. ``x`` is read once and written once, and its lines are still in cache when
-        they are written."""
-        a, p, me = self._a, self._a.world, self._a.rank
+        """Direct reduce-scatter + gather, chunk by chunk (``_chunks.all_reduce``). Each chunk
+        is cut into one block per rank. A rank copies into its slot only the blocks other
+        ranks reduce; it reduces its own block from ``x`` and the peers' slots into its slot
+        (one fused pass, never in place, so the loop vectorises), copies the result back
+        into ``x``, and every rank (``root=None``) or the root alone copies the other blocks
+        from their owners' slots. ``x`` is read once and written once, and its lines are
+        still in cache when they are written. float16/bfloat16 fold in float32 blocks."""
+        a, p = self._a, self._a.world
         divisor = float(p) if op is ReduceOp.AVG else 1.0
-        per = self._per(dt)
-        pairwise = pairwise_opcode(dt, op)
-        if pairwise is not None and p > 1:
-            view, opcode = pairwise
+        self._per(dt)  # the chunk must hold an element
+        if p > 1:
+            view, opcode, _, half = self._small_kind(dt, op)
             flat, data, words = (x if view is None else x.view(view)), a.data, a.words
-            self._drive(
-                lambda state: _chunks.all_reduce(flat, data, words, state, divisor),
-                deadline,
-                fingerprint,
-                opcode,
-                -1 if root is None else root,
-            )
+            state = self._start(fingerprint, opcode, -1 if root is None else root)
+            state[_chunks.HALF] = half
+            step = lambda state: _chunks.all_reduce(flat, data, words, state, divisor)  # noqa: E731
+            self._resume(step, step(state), deadline, fingerprint)
             return
-        kernel = reducer(dt, op)
-        gather = root is None or me == root
-        for lo in range(0, x.shape[0], per):
-            m = min(per, x.shape[0] - lo)
-            g, s = self._chunk(deadline, fingerprint)
-            slots = [a.slot(q, s, dt.numpy, m) for q in range(p)]
-            mine, part = slots[me], x[lo : lo + m]
-            bounds = _split(m, p)
-            for q, (c0, c1) in enumerate(bounds):
-                if q != me:
-                    mine[c0:c1] = part[c0:c1]
-            a.advance(COPIED, g + 1)
-            self._wait(COPIED, g, deadline)
-            a.check_call(range(p), s, fingerprint)
-            b0, b1 = bounds[me]
-            kernel(mine[b0:b1], [part[b0:b1] if q == me else slots[q][b0:b1] for q in range(p)], divisor)
-            if gather:
-                part[b0:b1] = mine[b0:b1]
-            a.advance(REDUCED, g + 1)
-            if gather:
-                self._wait(REDUCED, g, deadline)
-                for q, (c0, c1) in enumerate(bounds):
-                    if q != me:
-                        part[c0:c1] = slots[q][c0:c1]
-            a.advance(GATHERED, g + 1)
+        reducer(dt, op)(x, [x], divisor)  # one rank: its own data, as the kernels round it
 
     def _small_kind(self, dt: DType, op: ReduceOp) -> tuple[Any, ...]:
-        """(view, opcode, divisor, half) for ``_chunks.all_reduce_small``, or () (one rank)."""
+        """(view, opcode, divisor, half) for ``_chunks.all_reduce_small`` and
+        ``_chunks.all_reduce``, or () (one rank)."""
         p = self._a.world
         if p < 2:
             return ()
