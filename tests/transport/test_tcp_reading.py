@@ -130,3 +130,41 @@ def test_a_message_that_stops_in_the_middle_times_out_saying_so_and_the_link_goe
     t1.recv(later, 0, 7, timeout=10)
     np.testing.assert_array_equal(later, np.arange(4.0))
     assert bytes(into[:10]) == b"x" * 10 and bytes(into[10:]) == b"y" * 990
+
+
+def test_two_threads_of_each_rank_share_a_link_without_losing_or_mixing_messages(world):
+    """On each rank, one thread runs sendrecv steps on one tag while another sends and
+    receives on another tag over the same connection: whichever thread holds the reader
+    delivers the other's frames too, and nobody waits on a frame another thread took."""
+    t0, t1 = world(2)
+    rounds = 200
+
+    def ring(t, peer, tag, base):
+        def run():
+            out, into = np.zeros(512, np.int64), np.zeros(512, np.int64)
+            for i in range(rounds):
+                out[:] = base + i
+                t.sendrecv(out, peer, into, peer, tag, timeout=30)
+                assert (into == (1000 - base) + i).all(), (tag, i)
+
+        return run
+
+    def p2p(t, peer, tag, first):
+        def run():
+            for i in range(rounds):
+                msg, got = np.full(3000, i, np.float64), np.zeros(3000)
+                if first:
+                    t.send(msg, peer, tag, timeout=30)
+                    t.recv(got, peer, tag, timeout=30)
+                else:
+                    t.recv(got, peer, tag, timeout=30)
+                    t.send(got, peer, tag, timeout=30)
+                assert (got == i).all(), (tag, i)
+
+        return run
+
+    start = time.monotonic()
+    _in_threads([ring(t0, 1, 1, 0), ring(t1, 0, 1, 1000), p2p(t0, 1, 2, True), p2p(t1, 0, 2, False)])
+    # Not a speed check: a thread stuck behind a reader that waits for a message depending on
+    # that thread's reply gets out only when a 30 s wait runs out; this takes well under 1 s.
+    assert time.monotonic() - start < 25, "a wait ran into its deadline: threads blocked each other"

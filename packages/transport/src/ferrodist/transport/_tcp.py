@@ -129,6 +129,7 @@ class _Link:
         self.read_lock = threading.Lock()
         self.claim_lock = threading.Lock()
         self.claims = 0  # callers reading this link themselves; the thread reads when none
+        self.sleepers = 0  # callers sleeping until the reader is free (guarded by transport._cond)
         self.paused = False  # the thread is not listening (claimed now, or a moment ago)
         self.released = 0.0  # when the last claim ended
         self.ended = False  # no more frames will be read: GOODBYE, a broken stream, or close
@@ -152,9 +153,12 @@ class _Link:
         while not self.ended:
             if not self._events.poll(self._resume()) and not self.transport._closing:
                 continue
-            with self.read_lock:
+            self.read_lock.acquire()
+            try:
                 while not self.ended and self.advance(None):
                     pass
+            finally:
+                self.let_go()
 
     def claim(self) -> None:
         """A caller will read this link itself (see ``read_for``): the thread sleeps on."""
@@ -196,20 +200,40 @@ class _Link:
                 pass
 
     def read_for(self, pending: _Pending, deadline: float) -> None:
-        """A caller's wait, on a claimed link: read its frames until ``pending`` is done,
-        the deadline passes or the link ends. Whoever else holds the reader (the thread,
-        or another caller) is reading what has arrived and lets go soon."""
-        while not pending.done and not self.ended:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.read_lock.acquire(timeout=left):
-                return
-            try:
-                while not pending.done and not self.ended:
-                    if not self.advance(deadline):
-                        if not self._wait(self._readable, deadline):
+        """A caller's wait, on a claimed link: until ``pending`` is done, the deadline passes
+        or the link ends, read the link's frames, or, while another thread holds the
+        reader, sleep on the transport's condition. The holder delivers every frame (this
+        one's too: each completion wakes the sleepers) and wakes them when it lets go, so
+        one of them takes over; a waiter whose message has come never waits on the
+        reader, which may be waiting for a message that depends on this one's reply."""
+        cond = self.transport._cond
+        if not self.read_lock.acquire(blocking=False):
+            with cond:
+                self.sleepers += 1  # before the retry: a holder letting go now sees it
+                try:
+                    while not self.read_lock.acquire(blocking=False):
+                        if pending.done or self.ended:
                             return
-            finally:
-                self.read_lock.release()
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return
+                        cond.wait(left)
+                finally:
+                    self.sleepers -= 1
+        try:
+            while not pending.done and not self.ended:
+                if not self.advance(deadline):
+                    if not self._wait(self._readable, deadline):
+                        return
+        finally:
+            self.let_go()
+
+    def let_go(self) -> None:
+        """Release the reader and wake the callers sleeping on it (see ``read_for``)."""
+        self.read_lock.release()
+        if self.sleepers:
+            with self.transport._cond:
+                self.transport._cond.notify_all()
 
     def advance(self, deadline: float | None) -> bool:
         """Read what has arrived, up to the end of one frame, and deliver a frame that is
@@ -629,7 +653,7 @@ class TcpTransport:
                     while not link.ended and link.advance(deadline):
                         pass
                 finally:
-                    link.read_lock.release()
+                    link.let_go()
         return True
 
     # -- whole world ---------------------------------------------------------------------------
