@@ -167,6 +167,27 @@ def check_options_after_the_fast_path() -> None:
         raise AssertionError("compress='bf16' on a CPU tensor was accepted after the fast path")
 
 
+def check_large_all_reduce_over_mpi(world, rank: int, size: int) -> None:
+    """Over MPI, an all_reduce above the native limit runs our ring (Open MPI's
+    non-blocking Iallreduce is several times slower there); a small one runs MPI's."""
+    native = world._native
+    calls = []
+    mpi_all_reduce = native.all_reduce
+    native.all_reduce = lambda *args, **kw: (calls.append(args[0].nbytes), mpi_all_reduce(*args, **kw))[1]
+    try:
+        big = np.full(native.all_reduce_up_to // 4 + 1, rank + 1.0, np.float32)
+        for _ in range(2):  # the second call takes the fast path
+            x = big.copy()
+            dist.all_reduce(x)
+            assert (x == size * (size + 1) / 2).all(), "large all_reduce over mpi"
+        small = np.full(16, rank + 1.0, np.float32)
+        dist.all_reduce(small, ReduceOp.AVG)
+        assert (small == (size + 1) / 2).all(), "small all_reduce over mpi"
+        assert calls == [small.nbytes], f"MPI's own all_reduce ran for {calls}, expected only the small one"
+    finally:
+        native.all_reduce = mpi_all_reduce
+
+
 def main() -> None:
     total = int(sys.argv[1])
     backend = sys.argv[2] if len(sys.argv) > 2 else "tcp"
@@ -187,6 +208,8 @@ def main() -> None:
             run_case(index, kind, dt, op, size, rank, again=True)
     check_subgroups(rank, size)
     check_options_after_the_fast_path()
+    if backend == "mpi":
+        check_large_all_reduce_over_mpi(world, rank, size)
     dist.barrier()
     print(f"rank {rank} of {size}: {len(cases)} cases passed over {backend}")
     dist.destroy_process_group()

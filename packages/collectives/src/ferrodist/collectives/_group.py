@@ -359,6 +359,8 @@ class ProcessGroup:
         engine = _ring.all_reduce if name == "ring" else _doubling.all_reduce
         kernel = reducer(t.dtype, reduce_op)
         native = self._native_for(t, reduce_op, algorithm)
+        if native is not None and t.nbytes > getattr(native, "all_reduce_up_to", t.nbytes):
+            native = None  # the transport's own all_reduce is slower than ours at this size
         if type(tensor) is np.ndarray and not (algorithm or compress):
             self._remember(
                 ("all_reduce", tensor.dtype, op, t.numel),
