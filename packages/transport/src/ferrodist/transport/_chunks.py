@@ -272,6 +272,9 @@ def _fold_halves_block_typed(out, x, part, data, me, s, slots, chunk, m, b0, b1,
         return lambda out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc: None
 
     def fold(out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc):  # type: ignore[no-untyped-def]
+        # The loops are written out per type and per division on purpose: with ``half`` or
+        # the division tested inside one loop, LLVM kept the test in the loop and a 64 MiB
+        # bfloat16 all_reduce took 70 ms instead of 17.
         if p == 2 and op == _SUM:  # one fused pass, as fast as the kernels
             a = _source(data, x, part, me, 0, s, slots, chunk, m)[b0:b1]
             b = _source(data, x, part, me, 1, s, slots, chunk, m)[b0:b1]
