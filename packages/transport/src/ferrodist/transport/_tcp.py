@@ -179,12 +179,14 @@ class _Link:
 
     def _resume(self) -> float:
         """The thread's check before it sleeps: take the link back if nobody has claimed it
-        for ``_LINGER`` seconds. Returns how long to sleep before looking again."""
+        for ``_LINGER`` seconds. Returns how long to sleep before looking again (ten times
+        that while a caller holds the link: a long ``recv`` should not wake it 200 times a
+        second)."""
         if not self.paused:
             return 1.0
         with self.claim_lock:
-            if self.claims:
-                return _LINGER
+            if self.claims:  # a caller reads it now (perhaps for long): look again later
+                return 10 * _LINGER
             idle = time.monotonic() - self.released
             if idle < _LINGER:
                 return _LINGER - idle
