@@ -20,6 +20,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "Device",
         "DeviceUnavailable",
         "FerrodistError",
+        "GroupAborted",
         "Group",
         "InvalidArgument",
         "InvalidRank",

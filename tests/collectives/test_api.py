@@ -15,6 +15,7 @@ from ferrodist.core import (
     CollectiveMismatch,
     CollectiveTimeout,
     Group,
+    GroupAborted,
     InvalidArgument,
     InvalidRank,
     NotInitialized,
@@ -233,8 +234,9 @@ def test_ranks_calling_different_collectives_are_told_at_once_what_each_called()
     assert "rank 0 is in all_reduce(float64 x 2, op=SUM) while this rank is in reduce(float64 x 2, op=SUM, root=1)" in (
         str(err1)
     )
-    # Rank 0 then loses rank 1 (it left after its error) instead of waiting for the timeout.
-    assert isinstance(err0, PeerLost)
+    # Rank 0 is told at once too: by rank 1's message (a reduce first checks that the
+    # neighbours are in the same call) or by rank 1's abort notice.
+    assert isinstance(err0, CollectiveMismatch) and err0.peer == 1
     assert x0 == x1 == [1.0, 1.0]  # nobody's data was touched
 
 
@@ -265,21 +267,29 @@ def test_a_failing_rank_makes_waiting_peers_fail_fast_with_its_rank():
     assert any("rank 1" in note for note in getattr(info.value, "__notes__", []))
 
 
-def test_the_group_still_works_after_a_failed_call():
+def test_bad_input_loses_nothing_but_a_failed_call_aborts_the_group_on_every_rank():
     def rank_main():
-        with pytest.raises(InvalidArgument):
+        with pytest.raises(InvalidArgument):  # refused before any byte moved: the group goes on
             dist.all_reduce(np.zeros(2, np.float32), ReduceOp.BAND)
+        x = np.array([1])
+        dist.all_reduce(x)
+        assert x[0] == 2
         if dist.get_rank() == 0:
             with pytest.raises(CollectiveTimeout):
                 dist.barrier(timeout=0.2)  # rank 1 is late
-            dist.barrier(timeout=5)
         else:
             time.sleep(0.5)
-            dist.barrier(timeout=5)
-            dist.barrier(timeout=5)
-        x = np.array([1])
-        dist.all_reduce(x)
-        return x[0]
+            with pytest.raises(CollectiveTimeout, match="rank 0 aborted the group"):
+                dist.barrier(timeout=5)  # rank 0 gave this call up: it fails here too, at once
+        started = time.monotonic()
+        with pytest.raises(GroupAborted, match=r"aborted by the failure of its call #1") as caught:
+            dist.all_reduce(x, timeout=5)  # later calls fail at once, naming the first failure
+        assert time.monotonic() - started < 0.5
+        assert isinstance(caught.value.cause, CollectiveTimeout)
+        fresh = dist.new_group()  # a group made again works
+        y = np.array([1])
+        fresh.all_reduce(y)
+        return y[0]
 
     assert run_world(2, rank_main) == [2, 2]
 
@@ -444,7 +454,7 @@ def test_debug_mode_reports_what_every_rank_called(monkeypatch):
     ) in messages[0]
 
 
-def test_debug_mode_names_different_operations_then_lets_agreeing_calls_through(monkeypatch):
+def test_debug_mode_names_different_operations_on_every_rank(monkeypatch):
     monkeypatch.setenv("FERRODIST_DEBUG", "detail")
 
     def rank_main():
@@ -456,7 +466,9 @@ def test_debug_mode_names_different_operations_then_lets_agreeing_calls_through(
                 dist.broadcast(x, src=0, timeout=10)
             else:
                 dist.all_reduce(x, timeout=10)
-        dist.all_reduce(x, timeout=10)
+        with pytest.raises(GroupAborted):
+            dist.all_reduce(x, timeout=10)
+        dist.new_group().all_reduce(x, timeout=10)
         return x[0]
 
     assert run_world(2, rank_main) == [2.0, 2.0]

@@ -29,7 +29,8 @@ _SEQ_BITS = 31
 _COLLECTIVE_BIT = 1 << _SEQ_BITS
 _GROUP_SHIFT = _SEQ_BITS + 1
 MAX_USER_TAG = (1 << _SEQ_BITS) - 1
-
+_TOKEN = np.zeros(1, np.uint8)
+_AGREE = 6  # the scratch slot of ``Call.agree``
 
 def collective_tag(group_id: int, seq: int) -> int:
     """The transport tag of collective call number ``seq`` on a group."""
@@ -69,6 +70,7 @@ class Call:
     deadline: float
     scratch: Scratch
     fingerprint: int = 0
+    seq: int = 0  # the call's number on its group
 
     @property
     def size(self) -> int:
@@ -106,18 +108,28 @@ class Call:
         straight into ``recv_buf`` while the send is going out. A transport with its own
         ``sendrecv`` (tcp) does the step itself.
         """
-        sendrecv = getattr(self.transport, "sendrecv", None)
-        if sendrecv is not None:
-            sendrecv(
-                send_buf,
-                self.ranks[to],
-                recv_buf,
-                self.ranks[frm],
-                self.tag,
-                timeout=self.remaining(),
-                fingerprint=self.fingerprint,
-            )
+        self.transport.sendrecv(
+            send_buf,
+            self.ranks[to],
+            recv_buf,
+            self.ranks[frm],
+            self.tag,
+            timeout=self.remaining(),
+            fingerprint=self.fingerprint,
+        )
+
+    def agree(self) -> None:
+        """Check, with one small message per rank, that the ranks are in the same call.
+
+        Each rank tells the next one (in a ring) which call it is in and hears from the
+        previous one, so if any two ranks differ, some rank sees it and raises; its abort
+        then fails the call everywhere. Run first by the rooted collectives, where some
+        ranks would otherwise only send (ranks naming different roots would each return
+        their own data) or only wait (each for another).
+        """
+        if self.size == 1:
             return
-        incoming = self.irecv(recv_buf, frm)
-        self.wait(self.isend(send_buf, to))
+        token = self.scratch.get(_AGREE, 1, np.dtype(np.uint8))
+        incoming = self.irecv(token, (self.rank - 1) % self.size)
+        self.wait(self.isend(_TOKEN, (self.rank + 1) % self.size))
         self.wait(incoming)

@@ -9,6 +9,7 @@ from ._call import Array, Call
 
 
 def gather(call: Call, x: Array, blocks: Sequence[Array] | None, root: int) -> None:
+    call.agree()  # ranks naming different roots would each wait for the others
     if call.rank != root:
         call.send(x, root)
         return
@@ -19,6 +20,7 @@ def gather(call: Call, x: Array, blocks: Sequence[Array] | None, root: int) -> N
 
 
 def scatter(call: Call, x: Array, blocks: Sequence[Array] | None, root: int) -> None:
+    call.agree()  # a root that sends and returns would not notice a peer naming another root
     if call.rank != root:
         call.recv(x, root)
         return

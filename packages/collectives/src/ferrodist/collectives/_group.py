@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 
 from ferrodist.core import (
-    CollectiveMismatch,
-    CollectiveTimeout,
     FerrodistError,
+    GroupAborted,
     InvalidArgument,
     InvalidRank,
     ReduceOp,
@@ -30,12 +29,12 @@ from ferrodist.core import (
 )
 from ferrodist.transport import Transport
 
-from . import _device, _direct, _doubling, _native, _ring, _tree
+from . import _device, _direct, _doubling, _failure, _native, _ring, _tree
 from ._call import MAX_USER_TAG, Call, Scratch, collective_tag, p2p_tag
-from ._census import absent_ranks
 from ._checks import Checker, flats, split_equally
 from ._debug import check_agreement
-from ._fingerprint import describe, fingerprint
+from ._fingerprint import fingerprint
+from ._order import CallOrder
 from ._select import all_reduce_algorithm
 from ._work import RequestWork, Work, Worker
 
@@ -65,17 +64,16 @@ class ProcessGroup:
     ) -> None:
         self._transport = transport
         self._debug = debug
-        # The transport's own collectives for these ranks (MPI's), or None. Every rank of the
-        # world builds every group, so a transport may make this a collective call.
-        make_native = getattr(transport, "native_collectives", None)
-        self._native: Any = make_native(tuple(ranks)) if make_native is not None else None
+        # The transport's own collectives for these ranks (MPI's, the shm arena's), or None.
+        # Every rank of the world builds every group, so this may be a collective call.
+        self._native: Any = transport.native_collectives(tuple(ranks), group_id)
         self._ranks = tuple(ranks)
         self._group_id = group_id
         self._timeout = float(timeout)
         self._name = name
         self._global_rank = transport.rank
         self._rank = self._ranks.index(self._global_rank) if self._global_rank in self._ranks else None
-        self._seq = itertools.count()
+        self._order = CallOrder()
         self._scratch = Scratch()
         self._worker: Worker | None = None
         self._worker_lock = threading.Lock()
@@ -178,25 +176,30 @@ class ProcessGroup:
         timeout: float | None,
         shape: tuple[int, ...] = (),
     ) -> Work | None:
-        """Run ``body`` as the next call of this group (now, or on the async worker).
+        """Run ``body`` as the next call of this group (now, or on the async worker), in
+        the order the calls were issued (see ``_order``).
 
         ``fp`` is the call's fingerprint (see ``_fingerprint``): every message of the call
-        carries it, and a peer in another call is reported as a ``CollectiveMismatch``.
-        In debug mode the ranks first compare ``fp`` and ``shape`` (see ``_debug``).
+        carries it and the call's number, and a peer in another call is reported as a
+        ``CollectiveMismatch``. In debug mode the ranks first compare ``fp`` and ``shape``
+        (see ``_debug``).
         """
         rank = self._member_rank(operation)
         limit = self._limit(timeout, operation)
-        seq = next(self._seq)  # itertools.count: atomic under the GIL
-        tag = collective_tag(self._group_id, seq)
+        seq = self._order.issue()
 
         def run() -> None:
-            call = Call(self._transport, self._ranks, rank, tag, time.monotonic() + limit, self._scratch, fp)
+            deadline = time.monotonic() + limit
             try:
+                self._enter(seq, deadline, operation)
+                call = Call(self._transport, self._ranks, rank, self._tag(seq), deadline, self._scratch, fp, seq)
                 if self._debug:
                     check_agreement(call, shape)
                 body(call)
             except FerrodistError as exc:
-                raise self._frame(exc, operation, seq, limit).with_traceback(exc.__traceback__) from None
+                raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
+            finally:
+                self._order.done(seq)
 
         if not async_op:
             run()
@@ -205,31 +208,35 @@ class ProcessGroup:
         self._get_worker().submit(run, work)
         return work
 
-    def _frame(self, exc: FerrodistError, operation: str, seq: int, limit: float) -> FerrodistError:
-        """``exc`` with the call's context: the rank, the operation, its number, the group;
-        what each rank called for a mismatch; the ranks that never arrived for a timeout."""
+    def _tag(self, seq: int) -> int:
+        return collective_tag(self._group_id, seq)
+
+    def _enter(self, seq: int, deadline: float, operation: str) -> None:
+        """Wait for call ``seq``'s turn; raise ``GroupAborted`` if the group was aborted."""
+        order = self._order
+        if order.turn != seq:
+            order.wait_turn(seq, deadline, f"{operation} #{seq} on group {self._name}")
+        if order.blocked is not None:
+            blocked = order.blocked
+            raise GroupAborted(
+                f"rank {self._global_rank}: {operation} #{seq}: {blocked.message}",
+                cause=blocked.cause,
+                rank=self._global_rank,
+                operation=operation,
+            )
+
+    def _fail(self, exc: FerrodistError, operation: str, seq: int) -> FerrodistError:
+        """The error call ``seq`` raises: with its context; the group aborted on every rank
+        (see ``_failure``)."""
+        if isinstance(exc, GroupAborted):
+            return exc
         context = (
             f"rank {self._global_rank}: {operation} #{seq} on group {self._name} "
             f"(group rank {self._rank} of {self.size})"
         )
-        framed = exc.with_context(context, rank=self._global_rank, operation=operation)
-        if isinstance(exc, CollectiveMismatch) and exc.received:
-            framed.args = (
-                f"{context}: rank {exc.peer} is in {describe(exc.received)} while this rank is in "
-                f"{describe(exc.expected)}: every rank must make the same collective calls in the "
-                "same order with the same dtype, size, op and root",
-            )
-        elif isinstance(exc, CollectiveTimeout):
-            absent = absent_ranks(self._transport, self._group_id, seq, self._ranks, min(1.0, limit))
-            if absent:
-                framed.args = (f"{framed.message}; ranks that never reached call #{seq}: {absent}",)
-                framed.waiting_for = tuple(absent)  # type: ignore[attr-defined]
-            elif absent == []:
-                framed.args = (
-                    f"{framed.message}; every rank reached call #{seq}, so a transfer inside it is "
-                    "stuck or too slow for the timeout",
-                )
-        return framed
+        error = _failure.framed(exc, context, self._global_rank, operation)
+        self._order.block(_failure.blocked(error, self._name, seq))
+        return _failure.abort(self._transport, self._group_id, self._ranks, seq, error)
 
     def _limit(self, timeout: float | None, operation: str) -> float:
         if timeout is None:
@@ -260,35 +267,40 @@ class ProcessGroup:
             self._fast_plans.clear()
         self._fast_plans[key] = plan
 
-    def _fast(self, operation: str, run: Callable[[float], None]) -> None:
-        """Run a call validated before (see ``_fast_plans``): ``run(deadline)`` on the transport."""
+    def _fast(self, operation: str, run: Callable[[float, int], None]) -> None:
+        """Run a call validated before (see ``_fast_plans``) on the transport's own
+        collectives: ``run(deadline, seq)``, in this thread, in its turn."""
         if self._destroyed:
             self._member_rank(operation)  # raises
-        seq = next(self._seq)
+        order = self._order
+        seq = order.issue()
+        deadline = time.monotonic() + self._timeout
         try:
-            run(time.monotonic() + self._timeout)
+            if order.turn != seq or order.blocked is not None:
+                self._enter(seq, deadline, operation)
+            run(deadline, seq)
         except FerrodistError as exc:
-            raise self._frame(exc, operation, seq, self._timeout).with_traceback(exc.__traceback__) from None
+            raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
+        finally:
+            order.done(seq)
 
     def _fast_call(self, operation: str, fp: int, body: Body) -> None:
-        """Run a call validated before with one of our algorithms: ``body(call)``, in this thread."""
+        """Run a call validated before with one of our algorithms: ``body(call)``, in this
+        thread, in its turn."""
         rank = self._rank
         if rank is None or self._destroyed:
             rank = self._member_rank(operation)  # raises
-        seq = next(self._seq)
-        call = Call(
-            self._transport,
-            self._ranks,
-            rank,
-            collective_tag(self._group_id, seq),
-            time.monotonic() + self._timeout,
-            self._scratch,
-            fp,
-        )
+        order = self._order
+        seq = order.issue()
+        deadline = time.monotonic() + self._timeout
         try:
-            body(call)
+            if order.turn != seq or order.blocked is not None:
+                self._enter(seq, deadline, operation)
+            body(Call(self._transport, self._ranks, rank, self._tag(seq), deadline, self._scratch, fp, seq))
         except FerrodistError as exc:
-            raise self._frame(exc, operation, seq, self._timeout).with_traceback(exc.__traceback__) from None
+            raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
+        finally:
+            order.done(seq)
 
     def _native_for(self, t: Tensor, op: ReduceOp | None = None, algorithm: str | None = None) -> Any:
         """The transport's own collectives when they can do this call (and the caller did
@@ -335,7 +347,8 @@ class ProcessGroup:
                     self._fast_call("all_reduce", fp, lambda call: engine(call, tensor.reshape(-1), kernel, divisor))
                 else:
                     self._fast(
-                        "all_reduce", lambda deadline: native.all_reduce(tensor.reshape(-1), dt, how, deadline, fp)
+                        "all_reduce",
+                        lambda deadline, seq: native.all_reduce(tensor.reshape(-1), dt, how, deadline, fp, seq),
                     )
                 return None
         check = self._checker("all_reduce")
@@ -369,7 +382,7 @@ class ProcessGroup:
             )
         return self._launch(
             "all_reduce",
-            (lambda call: native.all_reduce(x, t.dtype, reduce_op, call.deadline, call.fingerprint))
+            (lambda call: native.all_reduce(x, t.dtype, reduce_op, call.deadline, call.fingerprint, call.seq))
             if native
             else (lambda call: engine(call, x, kernel, divisor)),
             fp,
@@ -393,7 +406,10 @@ class ProcessGroup:
             plan = self._fast_plans.get(("broadcast", tensor.dtype, tensor.size, src))
             if plan is not None and tensor.flags.c_contiguous and (tensor.flags.writeable or plan[1] == self._rank):
                 dt, root, fp = plan
-                self._fast("broadcast", lambda deadline: native.broadcast(tensor.reshape(-1), root, dt, deadline, fp))
+                self._fast(
+                    "broadcast",
+                    lambda deadline, seq: native.broadcast(tensor.reshape(-1), root, dt, deadline, fp, seq),
+                )
                 return None
         check = self._checker("broadcast")
         root = check.root(src, self.size, "src")
@@ -408,7 +424,7 @@ class ProcessGroup:
             "broadcast",
             (lambda call: dev.broadcast(call, x, root))
             if dev
-            else (lambda call: native.broadcast(x, root, t.dtype, call.deadline, call.fingerprint))
+            else (lambda call: native.broadcast(x, root, t.dtype, call.deadline, call.fingerprint, call.seq))
             if native
             else (lambda call: _tree.broadcast(call, x, root)),
             fp,
@@ -448,7 +464,7 @@ class ProcessGroup:
             "reduce",
             (lambda call: dev.reduce(call, x, root, t.dtype, reduce_op, divisor))
             if dev
-            else (lambda call: native.reduce(x, root, t.dtype, reduce_op, call.deadline, call.fingerprint))
+            else (lambda call: native.reduce(x, root, t.dtype, reduce_op, call.deadline, call.fingerprint, call.seq))
             if native
             else (lambda call: _tree.reduce(call, x, root, kernel, divisor)),
             fp,
@@ -475,7 +491,9 @@ class ProcessGroup:
                 dt, _, fp = plan
                 self._fast(
                     "all_gather",
-                    lambda deadline: native.all_gather(tensor.reshape(-1), output.reshape(-1), dt, deadline, fp),
+                    lambda deadline, seq: native.all_gather(
+                        tensor.reshape(-1), output.reshape(-1), dt, deadline, fp, seq
+                    ),
                 )
                 return None
         check = self._checker("all_gather")
@@ -526,8 +544,8 @@ class ProcessGroup:
                 dt, reduce_op, fp = plan
                 self._fast(
                     "reduce_scatter",
-                    lambda deadline: native.reduce_scatter(
-                        input.reshape(-1), output.reshape(-1), dt, reduce_op, deadline, fp
+                    lambda deadline, seq: native.reduce_scatter(
+                        input.reshape(-1), output.reshape(-1), dt, reduce_op, deadline, fp, seq
                     ),
                 )
                 return None
@@ -686,7 +704,7 @@ class ProcessGroup:
         """Return once every rank of the group has entered ``barrier`` (dissemination rounds)."""
         self._checker("barrier")
         native = self._native
-        body = (lambda call: native.barrier(call.deadline, call.fingerprint)) if native else _tree.barrier
+        body = (lambda call: native.barrier(call.deadline, call.fingerprint, call.seq)) if native else _tree.barrier
         return self._launch("barrier", body, fingerprint("barrier"), async_op=async_op, timeout=timeout)
 
     # -- point to point ------------------------------------------------------------------------

@@ -34,21 +34,21 @@ def unpack(buf: Array, blocks: Blocks) -> None:
 
 def all_gather(native: Any, call: Call, x: Array, blocks: Blocks, dt: Any) -> None:
     out = packed(call, blocks, fill=False)
-    native.all_gather(x, out, dt, call.deadline, call.fingerprint)
+    native.all_gather(x, out, dt, call.deadline, call.fingerprint, call.seq)
     unpack(out, blocks)
 
 
 def reduce_scatter(native: Any, call: Call, out: Array, blocks: Blocks, dt: Any, op: Any) -> None:
-    native.reduce_scatter(packed(call, blocks, fill=True), out, dt, op, call.deadline, call.fingerprint)
+    native.reduce_scatter(packed(call, blocks, fill=True), out, dt, op, call.deadline, call.fingerprint, call.seq)
 
 
 def gather(native: Any, call: Call, x: Array, blocks: Blocks | None, root: int, dt: Any) -> None:
     out = packed(call, blocks, fill=False) if blocks is not None else None
-    native.gather(x, out, root, dt, call.deadline, call.fingerprint)
+    native.gather(x, out, root, dt, call.deadline, call.fingerprint, call.seq)
     if blocks is not None and out is not None:
         unpack(out, blocks)
 
 
 def scatter(native: Any, call: Call, x: Array, blocks: Blocks | None, root: int, dt: Any) -> None:
     source = packed(call, blocks, fill=True) if blocks is not None else None
-    native.scatter(source, x, root, dt, call.deadline, call.fingerprint)
+    native.scatter(source, x, root, dt, call.deadline, call.fingerprint, call.seq)

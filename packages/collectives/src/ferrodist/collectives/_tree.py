@@ -9,6 +9,7 @@ from ._plans import binomial_tree, dissemination_peers
 
 
 def broadcast(call: Call, x: Array, root: int) -> None:
+    call.agree()  # a root that sends and returns would not notice a peer naming another root
     plan = binomial_tree(call.size, root, call.rank)
     if plan.parent is not None:
         call.recv(x, plan.parent)
@@ -17,6 +18,7 @@ def broadcast(call: Call, x: Array, root: int) -> None:
 
 def reduce(call: Call, x: Array, root: int, reduce: Reducer, divisor: float) -> None:
     """Reduce into the root's ``x``; other ranks' ``x`` is left as it was."""
+    call.agree()  # ranks naming different roots would each wait for the other
     plan = binomial_tree(call.size, root, call.rank)
     incoming = call.scratch.get(0, x.shape[0], x.dtype)
     acc = x if plan.parent is None else call.scratch.get(1, x.shape[0], x.dtype)

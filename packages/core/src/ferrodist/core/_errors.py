@@ -18,6 +18,7 @@ __all__ = [
     "CollectiveTimeout",
     "DeviceUnavailable",
     "FerrodistError",
+    "GroupAborted",
     "InvalidArgument",
     "InvalidRank",
     "NotInitialized",
@@ -147,6 +148,23 @@ class CollectiveMismatch(FerrodistError, RuntimeError):
         self.received = received
 
 
+class GroupAborted(FerrodistError, RuntimeError):
+    """A call on a group that an earlier failed collective aborted (on this rank or another).
+
+    A failed collective aborts its group on every rank, so that no rank goes on with calls
+    that the others gave up: every later call on it raises this at once, naming the first
+    failure, until the group is made again (``new_group``, or ``destroy_process_group`` and
+    ``init_process_group`` for the world).
+
+    Attributes:
+        cause: the error of the collective that failed first.
+    """
+
+    def __init__(self, message: str, *, cause: FerrodistError, rank: int | None = None, operation: str | None = None):
+        super().__init__(message, rank=rank, operation=operation)
+        self.cause = cause
+
+
 class AuthenticationFailed(FerrodistError, PermissionError):
     """A connection whose other end does not hold this job's token (``FERRODIST_TOKEN``)."""
 
@@ -163,6 +181,7 @@ for _cls in (
     PeerLost,
     ProtocolError,
     CollectiveMismatch,
+    GroupAborted,
     AuthenticationFailed,
 ):
     _cls.__module__ = "ferrodist.core"

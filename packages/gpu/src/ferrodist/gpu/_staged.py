@@ -189,6 +189,7 @@ class StagedEngine:
 
     # -- broadcast and reduce (binomial tree) ----------------------------------------------
     def broadcast(self, call: Any, x: Any, root: int) -> None:
+        call.agree()  # every rank checks that its neighbour names the same root
         parent, children = _tree(call.size, root, call.rank)
         chunk = self._chunk(x.dtype.itemsize, x.shape[0])
         host = self._host(0, chunk, x.dtype)
@@ -205,6 +206,7 @@ class StagedEngine:
 
     def reduce(self, call: Any, x: Any, root: int, dt: DType, op: ReduceOp, divisor: float) -> None:
         """Tree reduce into the root's ``x``; other ranks' ``x`` is left as it was."""
+        call.agree()
         parent, children = _tree(call.size, root, call.rank)
         chunk = self._chunk(x.dtype.itemsize, x.shape[0])
         host = self._host(0, chunk, x.dtype)
@@ -276,6 +278,7 @@ class StagedEngine:
 
     # -- direct: every byte has one source and one destination -----------------------------
     def gather(self, call: Any, x: Any, blocks: Sequence[Any] | None, root: int) -> None:
+        call.agree()
         if call.rank != root:
             call.send(self._down(x, self._host(0, x.shape[0], x.dtype)), root)
             return
@@ -290,6 +293,7 @@ class StagedEngine:
             blocks[root].copy_to_device(x)
 
     def scatter(self, call: Any, x: Any, blocks: Sequence[Any] | None, root: int) -> None:
+        call.agree()
         n = x.shape[0]
         if call.rank != root:
             staged = self._host(0, n, x.dtype)

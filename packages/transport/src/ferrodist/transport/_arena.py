@@ -5,7 +5,9 @@ unlinked by rank 0 as soon as all ranks have it mapped, so nothing is left behin
 if a rank is killed later. Layout:
 
     control   world x 8 counters, each alone on a 64-byte line (no false sharing);
-              next to each counter, the "sleeping" flag of its owner
+              next to each counter, the "sleeping" flag of its owner; the CALL and
+              CALL_NUMBER lines hold, per slot, the identity of the call whose chunk is
+              in that slot (its fingerprint, and its number on the group plus one)
     data      world x slots x chunk bytes: rank r's slot s at r*slots + s
 
 Ranks advance monotonic counters ("I have copied chunk g in", "I have reduced it", ...)
@@ -34,7 +36,7 @@ __all__ = ["Arena"]
 
 LINE = 64
 COUNTERS = 8
-COPIED, REDUCED, GATHERED, BARRIER, CALL = range(5)
+COPIED, REDUCED, GATHERED, BARRIER, CALL, CALL_NUMBER = range(6)
 _WORDS_PER_LINE = LINE // 8
 _NAP = 0.001  # the longest sleep between checks of the deadline and of peers' health
 
@@ -59,7 +61,6 @@ class Arena:
         self._data = np.frombuffer(mapping, np.uint8, offset=control, count=world * slots * chunk)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
         self.chunks = 0  # chunks this rank has gone through (the same sequence on every rank)
-        self.barriers = 0
 
     @staticmethod
     def size(world: int, chunk: int, slots: int) -> int:
@@ -126,20 +127,23 @@ class Arena:
         """Wake ranks asleep on this rank's counter ``which`` (after a compiled loop published it)."""
         _futex.wake(self._base + (self.rank * COUNTERS + which) * LINE)
 
-    def publish_call(self, slot: int, fingerprint: int) -> None:
-        """Say which call the chunk in ``slot`` belongs to (before publishing that chunk)."""
+    def publish_call(self, slot: int, fingerprint: int, seq: int) -> None:
+        """Say which call the chunk in ``slot`` belongs to (before publishing that chunk):
+        its fingerprint and its number ``seq`` on the group."""
+        self._lines[self.rank, CALL_NUMBER, 2 + slot] = seq + 1
         self._lines[self.rank, CALL, 2 + slot] = fingerprint
 
-    def check_call(self, ranks: range | list[int], slot: int, fingerprint: int) -> None:
-        """After waiting for ``ranks``' chunk in ``slot``: raise if one of them is in another call.
+    def check_call(self, ranks: range | list[int], slot: int, fingerprint: int, seq: int) -> None:
+        """After waiting for ``ranks``' chunk in ``slot``: raise if one of them is in another call
+        (another kind of call, or the same kind with another number: the ranks are out of step).
 
-        A slot's fingerprint cannot be overwritten before every rank is done with its chunk,
+        A slot's identity cannot be overwritten before every rank is done with its chunk,
         so what is read here is the peer's call for this very chunk.
         """
-        if not fingerprint:
-            return
-        offset = CALL * _WORDS_PER_LINE + 2 + slot
-        peer = first_different(self._words, COUNTERS * _WORDS_PER_LINE, offset, ranks[0], ranks[-1] + 1, fingerprint)
+        stride, first, stop = COUNTERS * _WORDS_PER_LINE, ranks[0], ranks[-1] + 1
+        peer = -1
+        if fingerprint:
+            peer = first_different(self._words, stride, CALL * _WORDS_PER_LINE + 2 + slot, first, stop, fingerprint)
         if peer >= 0:
             raise CollectiveMismatch(
                 f"rank {self.rank}: rank {peer} is in another call than this rank",
@@ -147,6 +151,16 @@ class Arena:
                 peer=peer,
                 expected=fingerprint,
                 received=int(self._lines[peer, CALL, 2 + slot]),
+            )
+        peer = first_different(self._words, stride, CALL_NUMBER * _WORDS_PER_LINE + 2 + slot, first, stop, seq + 1)
+        if peer >= 0:
+            theirs = int(self._lines[peer, CALL_NUMBER, 2 + slot]) - 1
+            raise CollectiveMismatch(
+                f"rank {self.rank}: rank {peer} is in call #{theirs} of the group while this rank is in call "
+                f"#{seq}: the ranks are out of step",
+                rank=self.rank,
+                peer=peer,
+                expected=fingerprint,
             )
 
     def wait(

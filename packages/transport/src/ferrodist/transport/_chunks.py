@@ -32,7 +32,7 @@ from ferrodist.core._jit import copy_into, jit, store_release
 from ferrodist.core._kernels import SUM as _SUM
 from ferrodist.core._kernels import _bf16_load, _bf16_store, _combine, _combine_float, _f16_load, _f16_store
 
-from ._arena import CALL, COPIED, COUNTERS, GATHERED, LINE, REDUCED
+from ._arena import CALL, CALL_NUMBER, COPIED, COUNTERS, GATHERED, LINE, REDUCED
 from ._spin import first_different, publish, spin_until
 
 __all__ = [
@@ -60,7 +60,9 @@ ME, RANKS, SLOTS, BYTES, SPINS, OP, ROOT, CALL_ID = range(8, 16)
 #: For :func:`all_reduce_small` and :func:`all_reduce`: 0, or the 16-bit float type of
 #: ``x``'s bits (BF16, F16).
 HALF = 16
-STATE = 17
+#: The call's number on its group, plus one (with the fingerprint, the call's identity).
+NUMBER = 17
+STATE = 18
 BF16, F16 = 1, 2
 
 _WORDS = LINE // 8
@@ -131,14 +133,18 @@ def _reached(words, which, target, first, stop, spins):  # type: ignore[no-untyp
 
 
 @jit(inline="always")
-def _other_call(words, s, first, stop, fingerprint):  # type: ignore[no-untyped-def]
-    """Whether one of ranks first..stop-1 published another call for the chunk in slot s."""
-    return fingerprint != 0 and first_different(words, _STRIDE, CALL * _WORDS + 2 + s, first, stop, fingerprint) >= 0
+def _other_call(words, s, first, stop, fingerprint, number):  # type: ignore[no-untyped-def]
+    """Whether one of ranks first..stop-1 published another call (another fingerprint or
+    another call number) for the chunk in slot s."""
+    if fingerprint != 0 and first_different(words, _STRIDE, CALL * _WORDS + 2 + s, first, stop, fingerprint) >= 0:
+        return True
+    return first_different(words, _STRIDE, CALL_NUMBER * _WORDS + 2 + s, first, stop, number) >= 0
 
 
 @jit(inline="always")
-def _claim(words, me, s, fingerprint):  # type: ignore[no-untyped-def]
+def _claim(words, me, s, fingerprint, number):  # type: ignore[no-untyped-def]
     """Say which call this rank's chunk in slot s belongs to (published by the next release)."""
+    store_release(words, (me * COUNTERS + CALL_NUMBER) * _WORDS + 2 + s, number)
     store_release(words, (me * COUNTERS + CALL) * _WORDS + 2 + s, fingerprint)
 
 
@@ -153,6 +159,7 @@ def _params(state):  # type: ignore[no-untyped-def]
         state[OP],
         state[ROOT],
         np.uint64(state[CALL_ID]),
+        np.uint64(state[NUMBER]),
     )
 
 
@@ -168,7 +175,7 @@ def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
     """Run (or resume, from ``state``) the chunk loop of an all_reduce (``root < 0``) or a
     reduce to ``root`` over the flat array ``x``; returns DONE, WAIT, WAKE or MISMATCH.
     float16/bfloat16 (``state[HALF]``, ``x`` their bits) accumulate in float32."""
-    me, p, slots, chunk, spins, op, root, fingerprint = _params(state)
+    me, p, slots, chunk, spins, op, root, fingerprint, number = _params(state)
     n = x.shape[0]
     per = chunk // x.itemsize
     lo, g, phase = state[LO], state[CHUNK], state[PHASE]
@@ -184,7 +191,7 @@ def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
         if phase == 0:
             if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
                 return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
-            _claim(words, me, s, fingerprint)
+            _claim(words, me, s, fingerprint, number)
             for q in range(p):
                 if q != me:
                     c0, c1 = _bounds(m, p, q)
@@ -195,7 +202,7 @@ def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
         if phase == 1:
             if not _reached(words, COPIED, g + 1, 0, p, spins):
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAIT)
-            if _other_call(words, s, 0, p, fingerprint):
+            if _other_call(words, s, 0, p, fingerprint, number):
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
             out = mine[b0:b1]
             if half:
@@ -343,14 +350,14 @@ def all_reduce_small(x, data, words, state, divisor):  # type: ignore[no-untyped
     """An all_reduce that fits one slot: every rank copies ``x`` into its slot and, after one
     wait, folds every rank's slot into ``x`` in rank order (the same bits everywhere).
     float16/bfloat16 (``state[HALF]``, ``x`` their bits) accumulate in float32."""
-    me, p, slots, chunk, spins, op, _, fingerprint = _params(state)
+    me, p, slots, chunk, spins, op, _, fingerprint, number = _params(state)
     n = x.shape[0]
     g, phase = state[CHUNK], state[PHASE]
     s = g % slots
     if phase == 0:
         if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
             return _stop(state, 0, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
-        _claim(words, me, s, fingerprint)
+        _claim(words, me, s, fingerprint, number)
         copy_into(_slot(data, x, me, s, slots, chunk, n), x)
         phase = 1
         if _advance(words, me, COPIED, g + 1, p):
@@ -358,7 +365,7 @@ def all_reduce_small(x, data, words, state, divisor):  # type: ignore[no-untyped
     if phase == 1:
         if not _reached(words, COPIED, g + 1, 0, p, spins):
             return _stop(state, 0, g, 1, COPIED, g + 1, s, 0, p, WAIT)
-        if _other_call(words, s, 0, p, fingerprint):
+        if _other_call(words, s, 0, p, fingerprint, number):
             return _stop(state, 0, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
         if state[HALF]:
             _fold_halves(x, data, s, slots, chunk, p, op, divisor, state[HALF])
@@ -375,8 +382,10 @@ def all_reduce_small(x, data, words, state, divisor):  # type: ignore[no-untyped
 
 @jit
 def broadcast(x, data, words, state):  # type: ignore[no-untyped-def]
-    """Per chunk: the root copies it into its slot; the others copy it out."""
-    me, p, slots, chunk, spins, _, root, fingerprint = _params(state)
+    """Per chunk: the root copies it into its slot; the others copy it out. Every rank
+    publishes its call for every chunk, and on the last one checks every rank's (so that
+    ranks naming different roots all raise instead of returning different data)."""
+    me, p, slots, chunk, spins, _, root, fingerprint, number = _params(state)
     n = x.shape[0]
     per = chunk // x.itemsize
     lo, g, phase = state[LO], state[CHUNK], state[PHASE]
@@ -387,18 +396,25 @@ def broadcast(x, data, words, state):  # type: ignore[no-untyped-def]
         if phase == 0:
             if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
                 return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
-            phase = 1
+            _claim(words, me, s, fingerprint, number)
             if me == root:
-                _claim(words, me, s, fingerprint)
                 copy_into(_slot(data, x, me, s, slots, chunk, m), part)
-                if _advance(words, me, COPIED, g + 1, p):
-                    return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
-        if me != root:
-            if not _reached(words, COPIED, g + 1, root, root + 1, spins):
-                return _stop(state, lo, g, 1, COPIED, g + 1, s, root, root + 1, WAIT)
-            if _other_call(words, s, root, root + 1, fingerprint):
-                return _stop(state, lo, g, 1, COPIED, g + 1, s, root, root + 1, MISMATCH)
-            copy_into(part, _slot(data, x, root, s, slots, chunk, m))
+            phase = 1
+            if _advance(words, me, COPIED, g + 1, p):  # the root: the chunk is there; others: arrived
+                return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
+        if phase == 1:
+            if me != root:
+                if not _reached(words, COPIED, g + 1, root, root + 1, spins):
+                    return _stop(state, lo, g, 1, COPIED, g + 1, s, root, root + 1, WAIT)
+                if _other_call(words, s, root, root + 1, fingerprint, number):
+                    return _stop(state, lo, g, 1, COPIED, g + 1, s, root, root + 1, MISMATCH)
+                copy_into(part, _slot(data, x, root, s, slots, chunk, m))
+            phase = 2
+        if lo + m >= n:  # the last chunk: every rank is in this very call
+            if not _reached(words, COPIED, g + 1, 0, p, spins):
+                return _stop(state, lo, g, 2, COPIED, g + 1, s, 0, p, WAIT)
+            if _other_call(words, s, 0, p, fingerprint, number):
+                return _stop(state, lo, g, 2, COPIED, g + 1, s, 0, p, MISMATCH)
         lo += m
         g += 1
         phase = 0
@@ -411,7 +427,7 @@ def broadcast(x, data, words, state):  # type: ignore[no-untyped-def]
 def all_gather(x, out, data, words, state):  # type: ignore[no-untyped-def]
     """Per chunk: every rank copies its part into its slot and into its own block of
     ``out``, then the other ranks' parts out of their slots."""
-    me, p, slots, chunk, spins, _, _, fingerprint = _params(state)
+    me, p, slots, chunk, spins, _, _, fingerprint, number = _params(state)
     n = x.shape[0]
     per = chunk // x.itemsize
     lo, g, phase = state[LO], state[CHUNK], state[PHASE]
@@ -422,7 +438,7 @@ def all_gather(x, out, data, words, state):  # type: ignore[no-untyped-def]
         if phase == 0:
             if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
                 return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
-            _claim(words, me, s, fingerprint)
+            _claim(words, me, s, fingerprint, number)
             copy_into(_slot(data, x, me, s, slots, chunk, m), part)
             copy_into(out[me * n + lo : me * n + lo + m], part)  # from cache, just read
             phase = 1
@@ -430,7 +446,7 @@ def all_gather(x, out, data, words, state):  # type: ignore[no-untyped-def]
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
         if not _reached(words, COPIED, g + 1, 0, p, spins):
             return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAIT)
-        if _other_call(words, s, 0, p, fingerprint):
+        if _other_call(words, s, 0, p, fingerprint, number):
             return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
         for q in range(p):
             if q != me:
@@ -448,7 +464,7 @@ def reduce_scatter(blocks, out, data, words, state, divisor):  # type: ignore[no
     """Per chunk: a rank copies into its slot its contribution to the other ranks' blocks,
     then folds its own block from ``blocks`` and the peers' slots into ``out``, in rank
     order. ``out`` must not overlap ``blocks``."""
-    me, p, slots, chunk, spins, op, _, fingerprint = _params(state)
+    me, p, slots, chunk, spins, op, _, fingerprint, number = _params(state)
     n = out.shape[0]
     per = chunk // (out.itemsize * p)
     lo, g, phase = state[LO], state[CHUNK], state[PHASE]
@@ -458,7 +474,7 @@ def reduce_scatter(blocks, out, data, words, state, divisor):  # type: ignore[no
         if phase == 0:
             if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
                 return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
-            _claim(words, me, s, fingerprint)
+            _claim(words, me, s, fingerprint, number)
             mine = _slot(data, out, me, s, slots, chunk, m * p)
             for q in range(p):  # slot layout: the contribution to rank q at q*m
                 if q != me:
@@ -468,7 +484,7 @@ def reduce_scatter(blocks, out, data, words, state, divisor):  # type: ignore[no
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
         if not _reached(words, COPIED, g + 1, 0, p, spins):
             return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAIT)
-        if _other_call(words, s, 0, p, fingerprint):
+        if _other_call(words, s, 0, p, fingerprint, number):
             return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
         own = blocks[me * n + lo : me * n + lo + m]
         target = out[lo : lo + m]

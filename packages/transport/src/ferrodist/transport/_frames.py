@@ -3,7 +3,7 @@
     offset  size  field
     0       4     magic        b"FDST"
     4       1     version      PROTOCOL_VERSION
-    5       1     kind         DATA, HELLO or GOODBYE
+    5       1     kind         DATA, HELLO, GOODBYE or ABORT
     6       2     reserved     zero
     8       8     tag          the message's tag
     16      8     sequence     frames sent on this connection before this one
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ferrodist.core import ProtocolError
 
 __all__ = [
+    "ABORT",
     "DATA",
     "GOODBYE",
     "HEADER",
@@ -36,8 +37,8 @@ __all__ = [
 
 MAGIC = b"FDST"
 PROTOCOL_VERSION = 1
-DATA, HELLO, GOODBYE = 1, 2, 3
-_KINDS = {DATA: "DATA", HELLO: "HELLO", GOODBYE: "GOODBYE"}
+DATA, HELLO, GOODBYE, ABORT = 1, 2, 3, 4
+_KINDS = {DATA: "DATA", HELLO: "HELLO", GOODBYE: "GOODBYE", ABORT: "ABORT"}
 HEADER = struct.Struct("<4sBBHQQQQ")
 
 

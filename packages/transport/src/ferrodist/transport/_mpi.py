@@ -22,10 +22,12 @@ from ferrodist.core import (
     CollectiveMismatch,
     CollectiveTimeout,
     DType,
+    FerrodistError,
     PeerLost,
     ReduceOp,
 )
 
+from ._aborts import Aborts, channel_of
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag
 from ._protocol import DEFAULT_TIMEOUT
 
@@ -139,6 +141,7 @@ class MpiTransport:
         self._world_size = int(self._comm.Get_size())
         self._timeout = float(timeout)
         self._closed = False
+        self._aborts = Aborts()
 
     @property
     def rank(self) -> int:
@@ -159,15 +162,18 @@ class MpiTransport:
     def __repr__(self) -> str:
         return f"MpiTransport(rank={self._rank}, world_size={self._world_size})"
 
-    def _check_open(self, what: str) -> None:
+    def _check_open(self, what: str, tag: int = 0) -> None:
         if self._closed:
             raise PeerLost(f"rank {self._rank}: {what} on a closed transport", peer=self._rank, rank=self._rank)
+        aborted = self._aborts.error(channel_of(tag))
+        if aborted is not None:
+            raise aborted.with_context(f"rank {self._rank}: {what}")
 
     def isend(self, buf: Buffer, dst: int, tag: int = 0, *, fingerprint: int = 0) -> _Requests:
         dst = check_peer(self._rank, self._world_size, dst, "send")
         tag = check_tag(tag, "send")
         payload = as_bytes(buf, "send")
-        self._check_open("send")
+        self._check_open("send", tag)
         header = np.array([fingerprint, payload.nbytes], np.uint64)
         requests = [
             self._comm.Isend([header, mpi().UINT64_T], dst, _mpi_tag(tag, False)),
@@ -182,7 +188,7 @@ class MpiTransport:
         src = check_peer(self._rank, self._world_size, src, "recv")
         tag = check_tag(tag, "recv")
         target = as_bytes(buf, "recv", writeable=True, rank=self._rank)
-        self._check_open("recv")
+        self._check_open("recv", tag)
         header = np.zeros(2, np.uint64)
         requests = [
             self._comm.Irecv([header, mpi().UINT64_T], src, _mpi_tag(tag, False)),
@@ -199,7 +205,43 @@ class MpiTransport:
         others = [r for r in range(self._world_size) if r != self._rank]
         poll([self._comm.Ibarrier()], time.monotonic() + limit, "barrier", self._rank, others)
 
-    def native_collectives(self, ranks: Sequence[int]) -> MpiCollectives | None:
+    def sendrecv(
+        self,
+        send_buf: Buffer,
+        dst: int,
+        recv_buf: Buffer,
+        src: int,
+        tag: int = 0,
+        *,
+        timeout: float | None = None,
+        fingerprint: int = 0,
+    ) -> None:
+        """Send to ``dst`` and receive from ``src`` at once (one ring step)."""
+        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
+        incoming = self.irecv(recv_buf, src, tag, fingerprint=fingerprint)
+        self.isend(send_buf, dst, tag, fingerprint=fingerprint).wait(max(0.0, deadline - time.monotonic()))
+        incoming.wait(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def store(self) -> None:
+        """MPI jobs have no ferrodist store."""
+        return None
+
+    def abort(self, channel: int, error: FerrodistError, *, peers: Sequence[int], seq: int) -> None:
+        """Abort ``channel`` on this rank: its later sends and receives raise ``error``.
+
+        MPI has no way to interrupt a peer's MPI call, so no notice is sent: peers learn of
+        the failure through their own deadlines, and MPI's own error handling."""
+        self._aborts.record(channel, error)
+
+    def aborted(self, channel: int) -> FerrodistError | None:
+        return self._aborts.error(channel)
+
+    def notices(self, channel: int) -> dict[int, int]:
+        """Always empty: MPI ranks send no abort notices."""
+        return {}
+
+    def native_collectives(self, ranks: Sequence[int], channel: int = 0) -> MpiCollectives | None:
         """MPI's own collectives over ``ranks`` (every rank of this transport must call this,
         in the same order; a rank outside ``ranks`` gets ``None``)."""
         MPI = mpi()
@@ -291,12 +333,12 @@ class MpiCollectives:
         others = [r for r in range(self._size) if r != self._rank]
         poll([request], deadline, what, self._global_rank, others)
 
-    def all_reduce(self, x: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0) -> None:
+    def all_reduce(self, x: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         self._finish(self._comm.Iallreduce(mpi().IN_PLACE, self._spec(x, dt), self._op(dt, op)), deadline, "all_reduce")
         if op is ReduceOp.AVG:
             np.divide(x, self._size, out=x)
 
-    def reduce(self, x: Buffer, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0) -> None:
+    def reduce(self, x: Buffer, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         if self._rank == root:
             request = self._comm.Ireduce(mpi().IN_PLACE, self._spec(x, dt), self._op(dt, op), root)
         else:
@@ -305,14 +347,14 @@ class MpiCollectives:
         if op is ReduceOp.AVG and self._rank == root:
             np.divide(x, self._size, out=x)
 
-    def broadcast(self, x: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0) -> None:
+    def broadcast(self, x: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         self._finish(self._comm.Ibcast(self._spec(x, dt), root), deadline, "broadcast")
 
-    def all_gather(self, x: Buffer, out: Buffer, dt: DType, deadline: float, fingerprint: int = 0) -> None:
+    def all_gather(self, x: Buffer, out: Buffer, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         self._finish(self._comm.Iallgather(self._spec(x, dt), self._spec(out, dt)), deadline, "all_gather")
 
     def reduce_scatter(
-        self, blocks: Buffer, out: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0
+        self, blocks: Buffer, out: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None:
         request = self._comm.Ireduce_scatter_block(self._spec(blocks, dt), self._spec(out, dt), self._op(dt, op))
         self._finish(request, deadline, "reduce_scatter")
@@ -320,18 +362,18 @@ class MpiCollectives:
             np.divide(out, self._size, out=out)
 
     def gather(
-        self, x: Buffer, out: Buffer | None, root: int, dt: DType, deadline: float, fingerprint: int = 0
+        self, x: Buffer, out: Buffer | None, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None:
         target = self._spec(out, dt) if out is not None else None
         self._finish(self._comm.Igather(self._spec(x, dt), target, root), deadline, "gather")
 
     def scatter(
-        self, blocks: Buffer | None, out: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0
+        self, blocks: Buffer | None, out: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None:
         source = self._spec(blocks, dt) if blocks is not None else None
         self._finish(self._comm.Iscatter(source, self._spec(out, dt), root), deadline, "scatter")
 
-    def barrier(self, deadline: float, fingerprint: int = 0) -> None:
+    def barrier(self, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         self._finish(self._comm.Ibarrier(), deadline, "barrier")
 
     def free(self) -> None:

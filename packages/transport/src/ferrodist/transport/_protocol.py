@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["DEFAULT_TIMEOUT", "Request", "Transport"]
+from ferrodist.core import DType, FerrodistError, ReduceOp
+
+__all__ = ["DEFAULT_TIMEOUT", "NativeCollectives", "Request", "Store", "Transport"]
 
 #: Seconds a blocking call waits when neither the call nor the transport says otherwise.
 DEFAULT_TIMEOUT = 300.0
@@ -29,6 +32,62 @@ class Request(Protocol):
     def is_completed(self) -> bool:
         """True once the transfer finished, successfully or not (never blocks)."""
         ...
+
+
+class Store(Protocol):
+    """A key-value store every rank of the job reaches (rendezvous, coordination)."""
+
+    def set(self, key: str, value: bytes | str) -> None: ...
+
+    def get(self, key: str, *, timeout: float) -> bytes: ...
+
+    def add(self, key: str, amount: int) -> int: ...
+
+    def wait(self, keys: Sequence[str], *, timeout: float) -> None: ...
+
+    def check(self, keys: Sequence[str]) -> bool: ...
+
+
+class NativeCollectives(Protocol):
+    """A transport's own collectives over a set of ranks (MPI's, the shared-memory arena's).
+
+    Arrays are flat numpy arrays; ranks (``root``) are ranks of the set. ``deadline`` is a
+    ``time.monotonic()`` value; ``fingerprint`` and ``seq`` identify the call (its kind and
+    its number on the group), so that two different calls are never combined."""
+
+    @property
+    def size(self) -> int: ...
+
+    #: all_reduce above this many bytes runs the collectives' own algorithms instead.
+    all_reduce_up_to: int
+
+    def supports(self, dt: DType, op: ReduceOp | None = None) -> bool: ...
+
+    def all_reduce(self, x: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0) -> None: ...
+
+    def reduce(
+        self, x: Buffer, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None: ...
+
+    def broadcast(self, x: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None: ...
+
+    def all_gather(self, x: Buffer, out: Buffer, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None: ...
+
+    def reduce_scatter(
+        self, blocks: Buffer, out: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None: ...
+
+    def gather(
+        self, x: Buffer, out: Buffer | None, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None: ...
+
+    def scatter(
+        self, blocks: Buffer | None, x: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None: ...
+
+    def barrier(self, deadline: float, fingerprint: int = 0, seq: int = 0) -> None: ...
+
+    def free(self) -> None: ...
 
 
 @runtime_checkable
@@ -69,6 +128,47 @@ class Transport(Protocol):
 
     def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> Request: ...
 
+    def sendrecv(
+        self,
+        send_buf: Buffer,
+        dst: int,
+        recv_buf: Buffer,
+        src: int,
+        tag: int = 0,
+        *,
+        timeout: float | None = None,
+        fingerprint: int = 0,
+    ) -> None:
+        """Send to ``dst`` and receive from ``src`` at once (one ring step)."""
+        ...
+
     def barrier(self, *, timeout: float | None = None) -> None: ...
 
     def close(self) -> None: ...
+
+    # -- capabilities beyond moving bytes ------------------------------------------------------
+    @property
+    def store(self) -> Store | None:
+        """The job's key-value store, or None (MPI jobs have none)."""
+        ...
+
+    def native_collectives(self, ranks: Sequence[int], channel: int) -> NativeCollectives | None:
+        """The transport's own collectives for ``ranks`` (every rank of the world calls this
+        for every group, in the same order), or None where the transport has none for them.
+        ``channel`` is the group's: the collectives stop when it is aborted."""
+        ...
+
+    # -- failures (see ``_aborts``) ----------------------------------------------------------
+    def abort(self, channel: int, error: FerrodistError, *, peers: Sequence[int], seq: int) -> None:
+        """Fail every pending and later send and receive on ``channel``'s tags with ``error``,
+        here and, through a notice that says the sender was in call ``seq``, on ``peers``.
+        Never blocks for long (a peer that does not take its notice is given up)."""
+        ...
+
+    def aborted(self, channel: int) -> FerrodistError | None:
+        """The error ``channel`` was aborted with, here or by a peer's notice; None if it was not."""
+        ...
+
+    def notices(self, channel: int) -> dict[int, int]:
+        """The peers whose notice for ``channel`` arrived, each with the call it was in."""
+        ...

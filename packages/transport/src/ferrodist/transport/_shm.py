@@ -22,7 +22,7 @@ from ferrodist.core import BackendUnavailable, DType, InvalidArgument, ReduceOp,
 from ferrodist.core._reduce import half_opcode, pairwise_opcode
 
 from . import _chunks
-from ._arena import BARRIER, COPIED, GATHERED, Arena
+from ._arena import COPIED, GATHERED, Arena
 from ._protocol import DEFAULT_TIMEOUT
 from ._tcp import TcpTransport
 
@@ -68,6 +68,7 @@ class ShmCollectives:
         self._state[_chunks.ME], self._state[_chunks.RANKS] = arena.rank, arena.world
         self._state[_chunks.SLOTS], self._state[_chunks.BYTES] = arena.slots, arena.chunk
         self._state[_chunks.SPINS] = arena.spins
+        self.all_reduce_up_to = 1 << 62  # the arena is the fastest way at every size
 
     @property
     def size(self) -> int:
@@ -80,7 +81,7 @@ class ShmCollectives:
         """Nothing to free: the arena belongs to the transport."""
 
     # -- plumbing --------------------------------------------------------------------------------
-    def _chunk(self, deadline: float, fingerprint: int) -> tuple[int, int]:
+    def _chunk(self, deadline: float, fingerprint: int, seq: int) -> tuple[int, int]:
         """Start the next chunk: wait until its slot is free everywhere; returns (g, slot)."""
         a = self._a
         g = a.chunks
@@ -88,8 +89,21 @@ class ShmCollectives:
         slot = g % a.slots
         if g >= a.slots:
             a.wait(GATHERED, g - a.slots + 1, deadline, self._health)
-        a.publish_call(slot, fingerprint)
+        a.publish_call(slot, fingerprint, seq)
         return g, slot
+
+    def _everyone(self, g: int, s: int, deadline: float, fingerprint: int, seq: int) -> None:
+        """Wait until every rank is at chunk ``g`` and check that all are in this very call
+        (before this rank lets the slot go: the identities there are the peers' for ``g``)."""
+        self._wait(COPIED, g, deadline)
+        self._a.check_call(range(self._a.world), s, fingerprint, seq)
+
+    def _sync(self, deadline: float, fingerprint: int, seq: int) -> None:
+        """A chunk without data: every rank shows up and every rank checks every call."""
+        g, s = self._chunk(deadline, fingerprint, seq)
+        self._a.advance(COPIED, g + 1)
+        self._everyone(g, s, deadline, fingerprint, seq)
+        self._a.advance(GATHERED, g + 1)
 
     def _wait(self, which: int, g: int, deadline: float, ranks: range | list[int] | None = None) -> None:
         self._a.wait(which, g + 1, deadline, self._health, ranks)
@@ -114,7 +128,7 @@ class ShmCollectives:
         return per
 
     # -- collectives -------------------------------------------------------------------------------
-    def all_reduce(self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0) -> None:
+    def all_reduce(self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         """Small messages (size x ranks up to ``SMALL_ALL_REDUCE``): every rank publishes its
         data and reduces all of it (one sync). Larger: per chunk, reduce-scatter through the
         slots, then gather (bandwidth-optimal)."""
@@ -126,32 +140,31 @@ class ShmCollectives:
             if small:
                 view, opcode, divisor, half = small
                 flat, data, words = (x if view is None else x.view(view)), a.data, a.words
-                state = self._start(fingerprint, opcode)
+                state = self._start(fingerprint, seq, opcode)
                 state[_chunks.HALF] = half
                 status = _chunks.all_reduce_small(flat, data, words, state, divisor)
                 if status == _chunks.DONE:  # the common case: no Python wait, no wake-up
                     a.chunks = int(state[_chunks.CHUNK])
                     return
                 step = lambda state: _chunks.all_reduce_small(flat, data, words, state, divisor)  # noqa: E731
-                self._resume(step, status, deadline, fingerprint)
+                self._resume(step, status, deadline, fingerprint, seq)
                 return
             views, kernel, divisor = self._small_plan(dt, op, x.shape[0])
-            g, s = self._chunk(deadline, fingerprint)
+            g, s = self._chunk(deadline, fingerprint, seq)
             slots = views[s]
             slots[me][...] = x
             a.advance(COPIED, g + 1)
-            self._wait(COPIED, g, deadline)
-            a.check_call(range(p), s, fingerprint)
+            self._everyone(g, s, deadline, fingerprint, seq)
             kernel(x, slots, divisor)  # every rank reduces the same sources in the same order
             a.advance(GATHERED, g + 1)
             return
-        self._reduce_chunks(x, dt, op, deadline, fingerprint, root=None)
+        self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=None)
 
-    def reduce(self, x: Array, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0) -> None:
-        self._reduce_chunks(x, dt, op, deadline, fingerprint, root=root)
+    def reduce(self, x: Array, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
+        self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=root)
 
     def _reduce_chunks(
-        self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, root: int | None
+        self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int, root: int | None
     ) -> None:
         """Direct reduce-scatter + gather, chunk by chunk (``_chunks.all_reduce``). Each chunk
         is cut into one block per rank. A rank copies into its slot only the blocks other
@@ -163,13 +176,16 @@ class ShmCollectives:
         a, p = self._a, self._a.world
         divisor = float(p) if op is ReduceOp.AVG else 1.0
         self._per(dt)  # the chunk must hold an element
+        if p > 1 and x.shape[0] == 0:
+            self._sync(deadline, fingerprint, seq)
+            return
         if p > 1:
             view, opcode, _, half = self._small_kind(dt, op)
             flat, data, words = (x if view is None else x.view(view)), a.data, a.words
-            state = self._start(fingerprint, opcode, -1 if root is None else root)
+            state = self._start(fingerprint, seq, opcode, -1 if root is None else root)
             state[_chunks.HALF] = half
             step = lambda state: _chunks.all_reduce(flat, data, words, state, divisor)  # noqa: E731
-            self._resume(step, step(state), deadline, fingerprint)
+            self._resume(step, step(state), deadline, fingerprint, seq)
             return
         reducer(dt, op)(x, [x], divisor)  # one rank: its own data, as the kernels round it
 
@@ -186,7 +202,7 @@ class ShmCollectives:
         half = _chunks.BF16 if dt.name == "bfloat16" else _chunks.F16
         return (np.dtype(np.uint16), half_opcode(dt, op), divisor, half)
 
-    def _start(self, fingerprint: int, op: int = 0, root: int = -1) -> Array:
+    def _start(self, fingerprint: int, seq: int, op: int = 0, root: int = -1) -> Array:
         """The state words for a compiled loop of ``_chunks`` starting now."""
         state = self._state
         state[: _chunks.ME] = 0
@@ -194,15 +210,27 @@ class ShmCollectives:
         state[_chunks.CHUNK] = self._a.chunks
         state[_chunks.OP], state[_chunks.ROOT] = op, root
         state[_chunks.CALL_ID] = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # the 64 bits
+        state[_chunks.NUMBER] = seq + 1
         return state
 
     def _drive(
-        self, step: Callable[[Array], int], deadline: float, fingerprint: int, op: int = 0, root: int = -1
+        self,
+        step: Callable[[Array], int],
+        deadline: float,
+        fingerprint: int,
+        seq: int,
+        count: int,
+        op: int = 0,
+        root: int = -1,
     ) -> None:
-        """Run a compiled loop of ``_chunks`` (``step(state)``) to the end."""
-        self._resume(step, step(self._start(fingerprint, op, root)), deadline, fingerprint)
+        """Run a compiled loop of ``_chunks`` (``step(state)``) to the end; a call without
+        elements (``count`` 0) still meets every rank and checks its call."""
+        if count == 0:
+            self._sync(deadline, fingerprint, seq)
+            return
+        self._resume(step, step(self._start(fingerprint, seq, op, root)), deadline, fingerprint, seq)
 
-    def _resume(self, step: Callable[[Array], int], status: int, deadline: float, fingerprint: int) -> None:
+    def _resume(self, step: Callable[[Array], int], status: int, deadline: float, fingerprint: int, seq: int) -> None:
         """Carry a compiled loop that returned ``status`` on to the end, doing for it what
         needs Python: sleeping in a wait, waking a sleeping peer, raising a mismatch."""
         a, state = self._a, self._state
@@ -215,28 +243,30 @@ class ShmCollectives:
                 elif status == _chunks.WAKE:
                     a.wake(which)
                 else:
-                    a.check_call(ranks, int(state[_chunks.SLOT]), fingerprint)  # raises the mismatch
+                    a.check_call(ranks, int(state[_chunks.SLOT]), fingerprint, seq)  # raises the mismatch
                     raise AssertionError("the compiled loop saw a mismatch that check_call does not")
                 status = step(state)
         finally:
             a.chunks = int(state[_chunks.CHUNK])
 
-    def broadcast(self, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0) -> None:
+    def broadcast(self, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         a = self._a
         self._per(dt)
         flat = x.view(np.uint8)
         data, words = a.data, a.words
-        self._drive(lambda state: _chunks.broadcast(flat, data, words, state), deadline, fingerprint, root=root)
+        step = lambda state: _chunks.broadcast(flat, data, words, state)  # noqa: E731
+        self._drive(step, deadline, fingerprint, seq, flat.shape[0], root=root)
 
-    def all_gather(self, x: Array, out: Array, dt: DType, deadline: float, fingerprint: int = 0) -> None:
+    def all_gather(self, x: Array, out: Array, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         a = self._a
         self._per(dt)
         flat, whole = x.view(np.uint8), out.view(np.uint8)
         data, words = a.data, a.words
-        self._drive(lambda state: _chunks.all_gather(flat, whole, data, words, state), deadline, fingerprint)
+        step = lambda state: _chunks.all_gather(flat, whole, data, words, state)  # noqa: E731
+        self._drive(step, deadline, fingerprint, seq, flat.shape[0])
 
     def reduce_scatter(
-        self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0
+        self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None:
         """Per chunk: a rank copies into its slot the parts other ranks reduce, then reduces
         its own part from its input and the peers' slots straight into ``out``."""
@@ -253,68 +283,85 @@ class ShmCollectives:
                 lambda state: _chunks.reduce_scatter(ins, outs, data, words, state, divisor),
                 deadline,
                 fingerprint,
+                seq,
+                n,
                 opcode,
             )
+            return
+        if n == 0:
+            self._sync(deadline, fingerprint, seq)
             return
         kernel = reducer(dt, op)
         for lo in range(0, n, per):
             m = min(per, n - lo)
-            g, s = self._chunk(deadline, fingerprint)
+            g, s = self._chunk(deadline, fingerprint, seq)
             mine = a.slot(me, s, dt.numpy, m * p)
             for q in range(p):  # slot layout: this rank's contribution to rank q at q*m
                 if q != me:
                     mine[q * m : (q + 1) * m] = blocks[q * n + lo : q * n + lo + m]
             a.advance(COPIED, g + 1)
-            self._wait(COPIED, g, deadline)
-            a.check_call(range(p), s, fingerprint)
+            self._everyone(g, s, deadline, fingerprint, seq)
             own = blocks[me * n + lo : me * n + lo + m]
             parts = [own if q == me else a.slot(q, s, dt.numpy, m * p)[me * m : (me + 1) * m] for q in range(p)]
             kernel(out[lo : lo + m], parts, divisor)
             a.advance(GATHERED, g + 1)
 
-    def gather(self, x: Array, out: Array | None, root: int, dt: DType, deadline: float, fingerprint: int = 0) -> None:
+    def gather(
+        self, x: Array, out: Array | None, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
+        """Per chunk: every rank copies its part into its slot; the root copies all out.
+        On the last chunk every rank checks every rank's call (see ``broadcast``)."""
         a, p, me = self._a, self._a.world, self._a.rank
         n = x.shape[0]
         per = self._per(dt)
+        if n == 0:
+            self._sync(deadline, fingerprint, seq)
+            return
         for lo in range(0, n, per):
             m = min(per, n - lo)
-            g, s = self._chunk(deadline, fingerprint)
+            g, s = self._chunk(deadline, fingerprint, seq)
             a.slot(me, s, dt.numpy, m)[...] = x[lo : lo + m]
             a.advance(COPIED, g + 1)
+            if me == root or lo + m >= n:
+                self._everyone(g, s, deadline, fingerprint, seq)
             if me == root:
                 assert out is not None
-                self._wait(COPIED, g, deadline)
-                a.check_call(range(p), s, fingerprint)
                 for q in range(p):
                     out[q * n + lo : q * n + lo + m] = a.slot(q, s, dt.numpy, m)
             a.advance(GATHERED, g + 1)
 
     def scatter(
-        self, blocks: Array | None, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0
+        self, blocks: Array | None, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None:
+        """Per chunk: the root copies every rank's part into its slot, each rank copies its
+        own out. On the last chunk every rank checks every rank's call (see ``broadcast``)."""
         a, p, me = self._a, self._a.world, self._a.rank
         n = x.shape[0]
         per = self._per(dt, parts=p)
+        if n == 0:
+            self._sync(deadline, fingerprint, seq)
+            return
         for lo in range(0, n, per):
             m = min(per, n - lo)
-            g, s = self._chunk(deadline, fingerprint)
+            g, s = self._chunk(deadline, fingerprint, seq)
             source = a.slot(root, s, dt.numpy, m * p)
             if me == root:
                 assert blocks is not None
                 for q in range(p):
                     source[q * m : (q + 1) * m] = blocks[q * n + lo : q * n + lo + m]
-                a.advance(COPIED, g + 1)
-            else:
+            a.advance(COPIED, g + 1)  # the root: the chunk is there; others: arrived
+            if me != root:
                 self._wait(COPIED, g, deadline, [root])
-                a.check_call([root], s, fingerprint)
+                a.check_call([root], s, fingerprint, seq)
+            if lo + m >= n:
+                self._everyone(g, s, deadline, fingerprint, seq)
             x[lo : lo + m] = source[me * m : (me + 1) * m]
             a.advance(GATHERED, g + 1)
 
-    def barrier(self, deadline: float, fingerprint: int = 0) -> None:
-        a = self._a
-        a.barriers += 1
-        a.advance(BARRIER, a.barriers)
-        a.wait(BARRIER, a.barriers, deadline, self._health)
+    def barrier(self, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
+        """Every rank shows up, in the same call (a barrier never passes a peer in another
+        collective: it is a chunk without data)."""
+        self._sync(deadline, fingerprint, seq)
 
 
 class ShmTransport(TcpTransport):
@@ -328,6 +375,7 @@ class ShmTransport(TcpTransport):
     def __init__(self, rank: int, world_size: int, *, timeout: float, max_frame_bytes: int) -> None:
         super().__init__(rank, world_size, timeout=timeout, max_frame_bytes=max_frame_bytes)
         self._arena: Arena | None = None
+        self._arena_taken = False
 
     @classmethod
     def connect(  # type: ignore[override]
@@ -391,13 +439,20 @@ class ShmTransport(TcpTransport):
                 os.unlink(path)  # every rank has it mapped: nothing can leak from here on
         return arena
 
-    def native_collectives(self, ranks: Sequence[int]) -> ShmCollectives | None:
-        """The arena's collectives for the whole world (subgroups use the TCP algorithms)."""
-        if self._arena is None or list(ranks) != list(range(self.world_size)):
+    def native_collectives(self, ranks: Sequence[int], channel: int) -> ShmCollectives | None:
+        """The arena's collectives, for the first group over the whole world that asks (the
+        world group): one group's calls are ordered, and no two groups share the arena's
+        slots. Other groups use the TCP algorithms. The collectives stop with the channel's
+        abort and with a lost peer."""
+        if self._arena is None or self._arena_taken or list(ranks) != list(range(self.world_size)):
             return None
-        lost = self._lost
+        self._arena_taken = True
+        lost, aborts = self._lost, self._aborts
 
         def health() -> None:
+            error = aborts.error(channel)
+            if error is not None:
+                raise error.with_context(f"rank {self.rank}: during a shared-memory collective")
             for error in list(lost.values()):
                 raise error.with_context(f"rank {self.rank}: a peer was lost during a shared-memory collective")
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost
+from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
 
+from ._aborts import Aborts, channel_of, decode_notice, encode_notice
 from ._faults import Faults
 from ._matching import as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._memstore import MemoryStore
@@ -42,10 +44,18 @@ class _Hub:
         self.sent = [0] * world_size  # messages each rank has tried to send
         self.mailboxes = [_Mailbox() for _ in range(world_size)]
         self.closed = [False] * world_size
+        self.aborts = [Aborts() for _ in range(world_size)]
         self.barrier_cond = threading.Condition(threading.Lock())
         self.barrier_generation = 0
         self.barrier_arrived: set[int] = set()
         self.store = MemoryStore()
+
+    def drop(self, rank: int, channel: int) -> None:
+        """Forget the messages of an aborted channel that wait for ``rank``'s receives."""
+        box = self.mailboxes[rank]
+        with box.cond:
+            for key in [key for key in box.unexpected if channel_of(key[1]) == channel]:
+                del box.unexpected[key]
 
     def wake_all(self) -> None:
         for box in self.mailboxes:
@@ -94,8 +104,13 @@ class _Recv:
         limit = t.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         box = t._hub.mailboxes[t.rank]
+        aborts, channel = t._hub.aborts[t.rank], channel_of(self.tag)
         with box.cond:
             while not self.done:
+                aborted = aborts.error(channel)
+                if aborted is not None:
+                    self._withdraw(box)
+                    raise aborted.with_context(f"rank {t.rank}: receive from rank {self.src}")
                 if t._hub.closed[self.src]:
                     self._withdraw(box)
                     raise PeerLost(
@@ -191,12 +206,17 @@ class SimulatedTransport:
         dst = self._peer(dst, "send")
         tag = check_tag(tag, "send")
         payload = as_bytes(buf, "send")
+        aborted = self._hub.aborts[self._rank].error(channel_of(tag))
+        if aborted is not None:
+            raise aborted.with_context(f"rank {self._rank}: send to rank {dst}")
         if not self._inject_faults(dst):
             return _Done()  # a silent rank: the message is lost
         if self._hub.closed[dst]:
             raise PeerLost(
                 f"rank {self._rank} cannot send to rank {dst}: rank {dst} closed or failed", peer=dst, rank=self._rank
             )
+        if self._hub.aborts[dst].error(channel_of(tag)) is not None:
+            return _Done()  # the receiver has given the channel up: nobody will take it
         box = self._hub.mailboxes[dst]
         key = (self._rank, tag)
         with box.cond:
@@ -244,6 +264,49 @@ class SimulatedTransport:
 
     def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.irecv(buf, src, tag, fingerprint=fingerprint).wait(timeout)
+
+    def sendrecv(
+        self,
+        send_buf: Buffer,
+        dst: int,
+        recv_buf: Buffer,
+        src: int,
+        tag: int = 0,
+        *,
+        timeout: float | None = None,
+        fingerprint: int = 0,
+    ) -> None:
+        """Send to ``dst`` and receive from ``src`` at once (one ring step)."""
+        incoming = self.irecv(recv_buf, src, tag, fingerprint=fingerprint)
+        self.isend(send_buf, dst, tag, fingerprint=fingerprint)
+        incoming.wait(timeout)
+
+    def native_collectives(self, ranks: Sequence[int], channel: int) -> None:
+        """None: simulated ranks run the collectives' own algorithms."""
+        return None
+
+    # -- aborting a channel ----------------------------------------------------------------------
+    def abort(self, channel: int, error: FerrodistError, *, peers: Sequence[int], seq: int) -> None:
+        """Abort ``channel`` here and on ``peers`` (see ``ferrodist.transport._aborts``)."""
+        hub, me = self._hub, self._rank
+        hub.aborts[me].record(channel, error)
+        hub.drop(me, channel)
+        if hub.aborts[me].notify_once(channel):
+            notice = encode_notice(seq, error, me)
+            for peer in peers:
+                if peer != me and not hub.closed[peer]:
+                    got_seq, copy = decode_notice(notice, peer, me)  # what a real wire would deliver
+                    hub.aborts[peer].hear(channel, me, got_seq, copy)
+                    hub.drop(peer, channel)
+        hub.wake_all()
+
+    def aborted(self, channel: int) -> FerrodistError | None:
+        """The error ``channel`` was aborted with (here or by a peer's notice), or None."""
+        return self._hub.aborts[self._rank].error(channel)
+
+    def notices(self, channel: int) -> dict[int, int]:
+        """The peers that sent a notice for ``channel``, each with the call it was in."""
+        return self._hub.aborts[self._rank].heard(channel)
 
     # -- whole world ---------------------------------------------------------------------------
     def barrier(self, *, timeout: float | None = None) -> None:

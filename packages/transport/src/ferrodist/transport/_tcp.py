@@ -20,6 +20,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,8 @@ import numpy as np
 from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost, ProtocolError
 
 from ._auth import job_token
-from ._frames import DATA, GOODBYE, HEADER, decode_header, encode_header
+from ._aborts import Aborts, channel_of, decode_notice, encode_notice
+from ._frames import ABORT, DATA, GOODBYE, HEADER, decode_header, encode_header
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._net import local_address
 from ._protocol import DEFAULT_TIMEOUT
@@ -41,6 +43,10 @@ _BARRIER_TAGS = 0xFFFF << 48  # the transport's own barrier messages use tags fr
 _DEFAULT_MAX_FRAME = 16 << 30
 #: Seconds a link stays with the callers after their last claim before its thread reads it again.
 _LINGER = 0.005
+#: Seconds between a reading caller's looks at the aborted channels (notices may come on other links).
+_LOOK = 0.05
+#: Seconds a notice may take to leave for one peer before that link is given up.
+_NOTICE_SEND = 0.5
 
 
 class _Done:
@@ -88,9 +94,12 @@ class _Frame:
     buffer for a message nobody waits for yet, or pieces of a scratch buffer to drop a
     mismatched one) and how much is left."""
 
-    __slots__ = ("error", "fingerprint", "left", "payload", "pending", "piece", "tag")
+    __slots__ = ("error", "fingerprint", "kind", "left", "payload", "pending", "piece", "tag")
 
-    def __init__(self, tag: int, fingerprint: int, pending: _Pending | None, error: BaseException | None) -> None:
+    def __init__(
+        self, tag: int, fingerprint: int, pending: _Pending | None, error: BaseException | None, kind: int = DATA
+    ) -> None:
+        self.kind = kind
         self.tag = tag
         self.fingerprint = fingerprint
         self.pending = pending
@@ -222,11 +231,14 @@ class _Link:
                         cond.wait(left)
                 finally:
                     self.sleepers -= 1
+        aborts, channel = self.transport._aborts, channel_of(pending.tag)
         try:
-            while not pending.done and not self.ended:
+            while not pending.done and not self.ended and aborts.error(channel) is None:
                 if not self.advance(deadline):
-                    if not self._wait(self._readable, deadline):
-                        return
+                    # A notice that aborts this wait may come on another link: look every 50 ms.
+                    if not self._wait(self._readable, min(deadline, time.monotonic() + _LOOK)):
+                        if time.monotonic() >= deadline:
+                            return
         finally:
             self.let_go()
 
@@ -289,6 +301,11 @@ class _Link:
                 peer=self.peer,
                 rank=t.rank,
             )
+        if header.kind == ABORT:  # a notice: read whole, handled by _complete
+            frame = _Frame(header.tag, header.fingerprint, None, None, ABORT)
+            frame.payload = bytearray(header.length)
+            frame.piece = memoryview(frame.payload)
+            return frame
         if header.kind != DATA:
             raise ProtocolError(f"rank {self.peer} sent an unexpected HELLO after the handshake")
         return t._begin(self, header.tag, header.fingerprint, header.length)
@@ -376,6 +393,7 @@ class TcpTransport:
             collections.deque
         )
         self._lost: dict[int, FerrodistError] = {}
+        self._aborts = Aborts()
         self._closing = False
         self._barriers = 0
         self._store: StoreClient | None = None
@@ -456,6 +474,11 @@ class TcpTransport:
     def _begin(self, link: _Link, tag: int, fingerprint: int, length: int) -> _Frame:
         """A DATA frame's header has arrived on ``link``: decide where its payload goes."""
         key = (link.peer, tag)
+        if self._aborts.error(channel_of(tag)) is not None:  # read and dropped: nobody will take it
+            frame = _Frame(tag, fingerprint, None, None)
+            frame.left = length
+            frame.next_piece()
+            return frame
         with self._cond:
             queue = self._posted.get(key)
             pending = queue.popleft() if queue else None
@@ -479,6 +502,12 @@ class TcpTransport:
 
     def _complete(self, link: _Link, frame: _Frame) -> None:
         """The last byte of ``frame`` has arrived: finish its receive, or keep it for one."""
+        if frame.kind == ABORT:
+            seq, error = decode_notice(frame.payload or b"", self._rank, link.peer)
+            self._abort_here(channel_of(frame.tag), error, heard=(link.peer, seq))
+            return
+        if frame.payload is None and frame.pending is None:
+            return  # a dropped frame of an aborted channel
         pending = frame.pending
         with self._cond:
             if pending is not None:
@@ -511,6 +540,10 @@ class TcpTransport:
         pending = _Pending(as_bytes(buf, "recv", writeable=True, rank=self._rank), tag, fingerprint)
         key = (src, tag)
         with self._cond:
+            aborted = self._aborts.error(channel_of(tag))
+            if aborted is not None:
+                pending.error, pending.done = _fresh(aborted, f"rank {self._rank}: receive from rank {src}"), True
+                return _Recv(self, pending, src)
             arrived = self._unexpected.get(key)
             if arrived:
                 self._fill(pending, src, *arrived.popleft())
@@ -532,9 +565,10 @@ class TcpTransport:
                 link.read_for(pending, deadline)
             finally:
                 link.unclaim()
+        channel = channel_of(pending.tag)
         with self._cond:
             while not pending.done:
-                lost = self._lost.get(src) or self._lost.get(self._rank)
+                lost = self._lost.get(src) or self._lost.get(self._rank) or self._aborts.error(channel)
                 if lost is not None and not pending.claimed:
                     self._withdraw(pending, src)
                     raise _fresh(lost, f"rank {self._rank} was waiting for a message from rank {src}")
@@ -576,7 +610,7 @@ class TcpTransport:
         dst = check_peer(self._rank, self._world_size, dst, "send")
         tag = check_tag(tag, "send")
         payload = as_bytes(buf, "send")
-        lost = self._lost.get(dst) or self._lost.get(self._rank)
+        lost = self._lost.get(dst) or self._lost.get(self._rank) or self._aborts.error(channel_of(tag))
         if lost is not None:
             raise _fresh(lost, f"rank {self._rank} cannot send to rank {dst}")
         link = self._links[dst]
@@ -657,6 +691,53 @@ class TcpTransport:
                 finally:
                     link.let_go()
         return True
+
+    def native_collectives(self, ranks: Sequence[int], channel: int) -> Any:
+        """None: over TCP the collectives run their own algorithms (``ShmTransport`` has some)."""
+        return None
+
+    # -- aborting a channel ----------------------------------------------------------------------
+    def abort(self, channel: int, error: FerrodistError, *, peers: Sequence[int], seq: int) -> None:
+        """Abort ``channel`` here (see ``_aborts``) and send each of ``peers`` a notice, once
+        per channel; a peer that does not take it within half a second is given up."""
+        self._abort_here(channel, error)
+        if not self._aborts.notify_once(channel):
+            return
+        notice = np.frombuffer(encode_notice(seq, error, self._rank), np.uint8)
+        for peer in peers:
+            link = self._links.get(peer)
+            if link is None or link.ended or peer in self._lost:
+                continue
+            try:
+                link.send(ABORT, channel, 0, notice, _NOTICE_SEND)
+            except TimeoutError:
+                self._lose(peer, PeerLost(f"rank {peer} stopped reading (an abort notice could not reach it)", peer=peer))
+            except OSError:
+                pass  # its connection broke: its own reader reports that
+
+    def aborted(self, channel: int) -> FerrodistError | None:
+        """The error ``channel`` was aborted with (here or by a peer's notice), or None."""
+        return self._aborts.error(channel)
+
+    def notices(self, channel: int) -> dict[int, int]:
+        """The peers that sent a notice for ``channel``, each with the call it was in."""
+        return self._aborts.heard(channel)
+
+    def _abort_here(self, channel: int, error: FerrodistError, heard: tuple[int, int] | None = None) -> None:
+        """Record the abort, drop what arrived for the channel, fail its posted receives."""
+        if heard is not None:
+            self._aborts.hear(channel, heard[0], heard[1], error)
+        else:
+            self._aborts.record(channel, error)
+        first = self._aborts.error(channel)
+        assert first is not None
+        with self._cond:
+            for key in [key for key in self._unexpected if channel_of(key[1]) == channel]:
+                del self._unexpected[key]
+            for key in [key for key in self._posted if channel_of(key[1]) == channel]:
+                for pending in self._posted.pop(key):
+                    pending.error, pending.done = _fresh(first, f"rank {self._rank}: receive from rank {key[0]}"), True
+            self._cond.notify_all()
 
     # -- whole world ---------------------------------------------------------------------------
     def barrier(self, *, timeout: float | None = None) -> None:

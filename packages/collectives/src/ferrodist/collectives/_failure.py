@@ -1,0 +1,98 @@
+"""What a group does when one of its calls fails: say where, abort, and find the culprit.
+
+1. The error gets the call's context (rank, operation, call number, group); a mismatch
+   says what each rank called; an error that came in a peer's abort notice says so.
+2. The group is aborted: the transport fails every pending and later message of the
+   group's channel here and sends every member a notice (see
+   ``ferrodist.transport._aborts``), and later calls on this rank raise ``GroupAborted``.
+3. After a timeout (here, or in the notice that aborted this rank's call), the census:
+   every member whose call fails sends a notice, so for ``GRACE`` seconds this rank
+   listens for them. The members it heard from were alive and in the call; the silent
+   ones never reached it, or are stopped or stuck: they are the ones the error names.
+   No store is asked, so a frozen rank 0 costs nothing more than its silence.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError, GroupAborted
+from ferrodist.transport import Transport
+
+from ._fingerprint import describe
+
+#: Seconds a rank whose call timed out listens for its peers' notices (the stated slack
+#: of a timeout is this plus a notice's delivery: a call raises within timeout + 1 s).
+GRACE = 0.5
+
+
+def framed(exc: FerrodistError, context: str, rank: int, operation: str) -> FerrodistError:
+    """``exc`` with the call's context; for a mismatch, what each rank called; for an error
+    from a peer's notice, which rank aborted the group."""
+    error = exc.with_context(context, rank=rank, operation=operation)
+    origin = getattr(exc, "aborted_by", None)
+    if origin is not None:
+        error.args = (f"{context}: rank {origin} aborted the group after a failure there: {exc.notice}",)  # type: ignore[attr-defined]
+    elif isinstance(exc, CollectiveMismatch) and exc.received:
+        error.args = (
+            f"{context}: rank {exc.peer} is in {describe(exc.received)} while this rank is in "
+            f"{describe(exc.expected)}: every rank must make the same collective calls in the "
+            "same order with the same dtype, size, op and root",
+        )
+    return error
+
+
+def census(transport: Transport, channel: int, me: int, members: Sequence[int], seq: int) -> tuple[str, list[int]]:
+    """Listen up to ``GRACE`` seconds for the other members' notices; what they tell about
+    call ``seq``, as a clause for the timeout's message, and the silent members."""
+    others = [rank for rank in members if rank != me]
+    deadline = time.monotonic() + GRACE
+    heard = transport.notices(channel)
+    while any(rank not in heard for rank in others) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        heard = transport.notices(channel)
+    silent = [rank for rank in others if rank not in heard]
+    behind = {rank: at for rank, at in heard.items() if at < seq}
+    parts = []
+    if silent:
+        parts.append(
+            f"no word from rank{'s' if len(silent) > 1 else ''} {silent[0] if len(silent) == 1 else silent}: "
+            f"{'they' if len(silent) > 1 else 'it'} never reached call #{seq} or stopped inside it "
+            "(stopped, hung, or busy outside this group's calls)"
+        )
+    for rank, at in sorted(behind.items()):
+        parts.append(f"rank {rank} was still in call #{at}")
+    if not parts:
+        parts.append(f"every rank reached call #{seq}, so a transfer inside it is stuck or too slow for the timeout")
+    return "; ".join(parts), silent
+
+
+def abort(
+    transport: Transport,
+    channel: int,
+    members: Sequence[int],
+    seq: int,
+    error: FerrodistError,
+) -> FerrodistError:
+    """Abort the group's channel with ``error`` and, for a timeout, run the census; returns
+    the error to raise (a timeout's message then names the silent members)."""
+    me = transport.rank
+    transport.abort(channel, error, peers=[rank for rank in members if rank != me], seq=seq)
+    if isinstance(error, CollectiveTimeout):
+        clause, silent = census(transport, channel, me, members, seq)
+        error.args = (f"{error.message}; {clause}",)
+        if silent:
+            error.waiting_for = tuple(silent)
+    return error
+
+
+def blocked(cause: FerrodistError, group: str, seq: int) -> GroupAborted:
+    """The error every later call on an aborted group raises."""
+    return GroupAborted(
+        f"group {group} was aborted by the failure of its call #{seq} ({cause.message}); every rank's later "
+        "calls on it fail at once: make the group again (destroy_process_group() and init_process_group() "
+        "for the world, new_group() for a subgroup)",
+        cause=cause,
+        rank=cause.rank,
+    )

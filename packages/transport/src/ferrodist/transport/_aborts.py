@@ -1,0 +1,109 @@
+"""Aborted channels: how a failure on one rank reaches every rank of its group.
+
+Tags carry a *channel* in their upper half (``channel_of``): the collectives put a group's
+id there, so all the messages of one group share a channel. When a collective fails on
+one rank, that rank aborts the channel: its own pending and later receives and sends on
+the channel fail with the error, and every peer of the group gets an abort *notice*
+(the error, and the number of the call the sender was in), after which the same holds
+there. A notice is also a sign of life: after a timeout, the ranks a rank heard from
+were alive and in the call, the ones it did not hear from are the culprits.
+
+``Aborts`` is the bookkeeping each transport keeps; notices travel as JSON (a class
+name from ``ferrodist.core``'s hierarchy, the message and the plain attributes), never
+as pickles.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import ferrodist.core as core
+from ferrodist.core import FerrodistError
+
+__all__ = ["CHANNEL_SHIFT", "Aborts", "channel_of", "decode_notice", "encode_notice"]
+
+CHANNEL_SHIFT = 32
+_CHANNEL_MASK = (1 << 31) - 1  # bit 63 of a tag is free for the collectives' own use
+_ATTRIBUTES = ("peer", "waiting_for", "expected", "received", "operation")
+
+
+def channel_of(tag: int) -> int:
+    """The channel a tag belongs to (its bits 32..62)."""
+    return (tag >> CHANNEL_SHIFT) & _CHANNEL_MASK
+
+
+def encode_notice(seq: int, error: FerrodistError, origin: int) -> bytes:
+    """An abort notice: ``origin`` failed in call ``seq`` with ``error``."""
+    attributes = {}
+    for name in _ATTRIBUTES:
+        value = getattr(error, name, None)
+        if isinstance(value, tuple):
+            value = list(value)
+        if value is not None:
+            attributes[name] = value
+    record = {"class": type(error).__name__, "message": error.message, "origin": origin, "seq": seq, **attributes}
+    return json.dumps(record).encode()
+
+
+def decode_notice(data: bytes, rank: int, peer: int) -> tuple[int, FerrodistError]:
+    """(call number, error) of a notice that ``peer`` sent; the error is raised on ``rank``."""
+    try:
+        record = json.loads(bytes(data).decode())
+        cls = getattr(core, str(record["class"]), None)
+        seq = int(record["seq"])
+        message = str(record["message"])
+    except (ValueError, KeyError, TypeError):
+        return -1, core.ProtocolError(f"rank {peer} sent an abort notice this rank cannot read", rank=rank)
+    if not (isinstance(cls, type) and issubclass(cls, FerrodistError)):
+        cls = FerrodistError
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.rank = rank
+    error.operation = record.get("operation")
+    defaults: dict[str, Any] = {"peer": None, "waiting_for": (), "expected": 0, "received": 0}
+    for name, default in defaults.items():
+        value = record.get(name, default)
+        setattr(error, name, tuple(value) if isinstance(value, list) else value)
+    error.aborted_by = peer  # type: ignore[attr-defined]
+    error.notice = message  # type: ignore[attr-defined]
+    return seq, error
+
+
+class Aborts:
+    """The aborted channels this rank knows of, and the notices its peers sent."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._errors: dict[int, FerrodistError] = {}
+        self._notified: set[int] = set()
+        self._heard: dict[int, dict[int, int]] = {}
+
+    def error(self, channel: int) -> FerrodistError | None:
+        """The error that aborted ``channel``, or None (a dict lookup: cheap on hot paths)."""
+        return self._errors.get(channel)
+
+    def record(self, channel: int, error: FerrodistError) -> None:
+        """Mark ``channel`` aborted by ``error`` (the first error stays)."""
+        with self._lock:
+            self._errors.setdefault(channel, error)
+
+    def notify_once(self, channel: int) -> bool:
+        """True the first time it is asked for ``channel``: this rank sends its notices then."""
+        with self._lock:
+            if channel in self._notified:
+                return False
+            self._notified.add(channel)
+            return True
+
+    def hear(self, channel: int, peer: int, seq: int, error: FerrodistError) -> None:
+        """``peer`` aborted ``channel`` in call ``seq``."""
+        with self._lock:
+            self._errors.setdefault(channel, error)
+            self._heard.setdefault(channel, {})[peer] = seq
+
+    def heard(self, channel: int) -> dict[int, int]:
+        """Peers that sent a notice for ``channel``, with the call each was in."""
+        with self._lock:
+            return dict(self._heard.get(channel, {}))
