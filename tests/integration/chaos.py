@@ -1,0 +1,187 @@
+"""The chaos harness: random schedules of collectives under random faults, in real processes.
+
+A schedule (``make_schedule(seed)``, all drawn from the seed) is: 2 to 4 ranks, the shm or
+tcp backend, started by ``ferrodist run`` or by hand (each rank its own process with
+MASTER_ADDR/RANK/WORLD_SIZE, as SLURM or mpiexec would), 8 to 16 collectives of every
+kind on the world group or on subgroups, some ``async_op=True`` and in flight together,
+of 1 to 300000 elements (several shared-memory chunks), and one fault: none, SIGKILL of
+a rank (before or in the middle of a call), SIGSTOP past the deadline, SIGSTOP well
+under it, an exception in a rank's own code, or a delay under the deadline.
+
+``run_schedule`` runs it (scripts/chaos.py on every rank) and returns the violations of
+the invariant, checked on every rank:
+
+- every call returns what numpy computes, or raises a ``FerrodistError`` within its
+  deadline plus ``SLACK`` (for a call that waited behind others in flight: their
+  deadlines too);
+- with no fault, or one that stays under the deadline, every call returns;
+- after a kill, a long stop or an exception, the first error of every other rank that
+  saw one names the faulty rank;
+- no process outlives the job, and no ``/dev/shm/ferrodist-*`` file is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SCRIPT = Path(__file__).parent / "scripts" / "chaos.py"
+#: Seconds past a call's deadline within which it must have raised.
+SLACK = 1.0
+TIMEOUT = 2.0
+#: Seconds a whole schedule may take before it counts as a hang.
+JOB_LIMIT = 90.0
+OPERATIONS = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "barrier",
+)
+FAULTS = ("none", "none", "kill", "kill", "stop", "stop-short", "raise", "delay")
+
+
+def make_schedule(seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    ranks = rng.choice((2, 2, 3, 3, 4))
+    groups = {"all": list(range(ranks))}
+    if ranks >= 3:
+        groups["pair"] = sorted(rng.sample(range(ranks), 2))
+    calls = []
+    for _ in range(rng.randint(8, 16)):
+        calls.append(
+            {
+                "op": rng.choice(OPERATIONS),
+                "group": rng.choice(["world", "world", "world", *groups]),
+                "dtype": rng.choice(("float32", "float64", "int32")),
+                "n": rng.choice((1, 37, 1000, 1000, 300_000)),
+                "root": rng.randrange(ranks),
+                "async": rng.random() < 0.4,
+                "flush": rng.random() < 0.2,
+            }
+        )
+    kind = rng.choice(FAULTS)
+    fault = {
+        "kind": kind,
+        "rank": rng.randrange(ranks),
+        "at": rng.randrange(len(calls)),
+        "after": rng.choice((0.0, 0.005, 0.05)),
+        "seconds": {"stop": TIMEOUT + 1.5, "stop-short": 0.3, "delay": 0.3}.get(kind, 0.0),
+    }
+    return {
+        "seed": seed,
+        "ranks": ranks,
+        "backend": rng.choice(("shm", "tcp")),
+        "launch": rng.choice(("run", "hand")),
+        "timeout": TIMEOUT,
+        "groups": groups,
+        "calls": calls,
+        "fault": fault,
+    }
+
+
+def shm_files() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("ferrodist-*")}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start(schedule: dict[str, Any], outdir: Path) -> list[subprocess.Popen[bytes]]:
+    spec = json.dumps(schedule)
+    n = schedule["ranks"]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": open(outdir / "stderr.txt", "wb")}  # noqa: SIM115
+    if schedule["launch"] == "run":
+        command = [sys.executable, "-m", "ferrodist.launch", "run", "-n", str(n), "--grace", "3"]
+        return [subprocess.Popen([*command, str(SCRIPT), spec, str(outdir)], **quiet)]
+    port = _free_port()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
+    return [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), spec, str(outdir)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), **quiet
+        )
+        for r in range(n)
+    ]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def run_schedule(schedule: dict[str, Any], outdir: Path) -> list[str]:
+    """Run one schedule; the invariant's violations, as sentences (empty: none)."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    before = shm_files()
+    seed = schedule["seed"]
+    processes = _start(schedule, outdir)
+    deadline = time.monotonic() + JOB_LIMIT
+    violations = []
+    for process in processes:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            violations.append(f"seed {seed}: the job was still running after {JOB_LIMIT:g} s (a hang)")
+            break
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+    time.sleep(0.2)  # let the kernel finish reaping ranks killed with their launcher
+    for pid_file in outdir.glob("pid*"):
+        pid = int(pid_file.read_text())
+        if _alive(pid):
+            violations.append(f"seed {seed}: rank {pid_file.name[3:]} (pid {pid}) outlived the job")
+            os.kill(pid, signal.SIGKILL)
+    left = shm_files() - before
+    if left:
+        violations.append(f"seed {seed}: files left in /dev/shm: {sorted(left)}")
+    violations += check_logs(schedule, outdir)
+    return violations
+
+
+def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
+    seed, fault, timeout = schedule["seed"], schedule["fault"], schedule["timeout"]
+    harmless = fault["kind"] in ("none", "stop-short", "delay")
+    victim = None if harmless else fault["rank"]
+    violations = []
+    for log in sorted(outdir.glob("rank*.jsonl")):
+        rank = int(log.stem[4:])
+        entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        first_error = None
+        for entry in entries:
+            where = f"seed {seed}: rank {rank}, call {entry['i']} ({entry['op']} on {entry['group']})"
+            if entry["outcome"] == "wrong":
+                violations.append(f"{where}: WRONG RESULT {entry.get('got')} instead of {entry.get('want')}")
+            elif entry["outcome"] == "error":
+                first_error = first_error or entry
+                if harmless:
+                    violations.append(f"{where}: raised {entry['cls']} with no fault past the deadline: {entry['message']}")
+                limit = 4 * timeout + SLACK  # itself and up to 3 calls in flight before it
+                if entry["seconds"] > limit:
+                    violations.append(f"{where}: raised after {entry['seconds']} s (limit {limit:g} s)")
+        if victim is not None and rank != victim and first_error is not None:
+            if f"rank {victim}" not in first_error["message"]:
+                violations.append(
+                    f"seed {seed}: rank {rank}'s first error does not name rank {victim} ({fault['kind']}): "
+                    f"{first_error['message']}"
+                )
+    return violations

@@ -1,0 +1,170 @@
+"""One rank of a chaos schedule (see tests/integration/chaos.py, which starts it).
+
+    chaos.py SPEC_JSON OUTDIR
+
+The spec says the backend, the per-call timeout, the calls (operation, group, dtype,
+size, root, async) and the fault (which rank, at which call, what). Every rank runs the
+same calls; values are a function of (seed, call, rank), so each rank knows every
+result. For each call it appends one JSON line to OUTDIR/rank{R}.jsonl: ``ok`` (the
+result was checked against numpy), ``wrong`` (it was not what numpy says), or ``error``
+(the class, message and seconds from issue to raise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import ferrodist.collectives as dist
+from ferrodist.core import FerrodistError
+
+
+def values(seed: int, i: int, rank: int, n: int, dtype: str) -> np.ndarray:
+    base = (np.arange(n) * 7 + seed * 13 + i * 3 + rank * 5) % 11
+    return base.astype(dtype)
+
+
+class Rank:
+    def __init__(self, spec: dict[str, Any], outdir: Path) -> None:
+        self.spec = spec
+        self.rank = dist.get_rank()
+        self.size = dist.get_world_size()
+        self.log = open(outdir / f"rank{self.rank}.jsonl", "w", buffering=1)  # noqa: SIM115
+        self.groups: dict[str, Any] = {"world": None}
+        for name, members in spec["groups"].items():
+            self.groups[name] = dist.new_group(members)  # every rank makes every group, in order
+
+    def record(self, i: int, call: dict[str, Any], outcome: str, started: float, **extra: Any) -> None:
+        entry = {"i": i, "op": call["op"], "group": call["group"], "outcome": outcome}
+        entry["seconds"] = round(time.monotonic() - started, 3)
+        entry.update(extra)
+        self.log.write(json.dumps(entry) + "\n")
+
+    def fault(self, i: int) -> None:
+        fault = self.spec["fault"]
+        if fault["kind"] == "none" or fault["rank"] != self.rank or fault["at"] != i:
+            return
+        kind, pid = fault["kind"], os.getpid()
+        if kind == "kill":
+            threading.Timer(fault["after"], os.kill, (pid, signal.SIGKILL)).start()
+        elif kind in ("stop", "stop-short"):
+            # Someone else must wake us: a shell that sleeps, then sends SIGCONT.
+            subprocess.Popen(["sh", "-c", f"sleep {fault['seconds']}; kill -CONT {pid}"], start_new_session=True)
+            threading.Timer(fault["after"], os.kill, (pid, signal.SIGSTOP)).start()
+        elif kind == "delay":
+            time.sleep(fault["seconds"])
+        elif kind == "raise":
+            raise RuntimeError(f"rank {self.rank}: injected failure before call {i}")
+
+    def issue(self, i: int, call: dict[str, Any]) -> tuple[Any, Any] | None:
+        """Start call ``i``; returns (work or None, (result, what it must be) or None), or
+        None when this rank is not in the call's group."""
+        group = self.groups[call["group"]]
+        members = self.spec["groups"].get(call["group"], list(range(self.size)))
+        if self.rank not in members:
+            return None
+        me, p = members.index(self.rank), len(members)
+        n, dtype, root, op = call["n"], call["dtype"], call["root"] % p, call["op"]
+        seed, timeout, async_op = self.spec["seed"], self.spec["timeout"], call["async"]
+        mine = values(seed, i, self.rank, n, dtype)
+        theirs = [values(seed, i, r, n, dtype) for r in members]
+        kw = {"group": group, "async_op": async_op, "timeout": timeout}
+        if op == "all_reduce":
+            x = mine.copy()
+            work = dist.all_reduce(x, **kw)
+            return work, (x, np.sum(theirs, axis=0, dtype=dtype))
+        if op == "broadcast":
+            x = mine.copy()
+            work = dist.broadcast(x, src=members[root], **kw)
+            return work, (x, theirs[root])
+        if op == "reduce":
+            x = mine.copy()
+            work = dist.reduce(x, dst=members[root], **kw)
+            return work, (x, np.sum(theirs, axis=0, dtype=dtype) if me == root else mine)
+        if op == "all_gather":
+            out = np.empty(n * p, dtype)
+            work = dist.all_gather(out, mine.copy(), **kw)
+            return work, (out, np.concatenate(theirs))
+        if op == "reduce_scatter":
+            out = np.empty(n, dtype)
+            blocks = np.concatenate([values(seed, i, self.rank + 100 * q, n, dtype) for q in range(p)])
+            work = dist.reduce_scatter(out, blocks, **kw)
+            want = np.sum([values(seed, i, r + 100 * me, n, dtype) for r in members], axis=0, dtype=dtype)
+            return work, (out, want)
+        if op == "gather":
+            out = np.empty(n * p, dtype) if me == root else None
+            work = dist.gather(mine.copy(), out, dst=members[root], **kw)
+            return work, (out, np.concatenate(theirs)) if me == root else None
+        if op == "scatter":
+            x = np.empty(n, dtype)
+            parts = np.concatenate([values(seed, i, members[root] + 100 * q, n, dtype) for q in range(p)])
+            work = dist.scatter(x, parts if me == root else None, src=members[root], **kw)
+            return work, (x, values(seed, i, members[root] + 100 * me, n, dtype))
+        if op == "all_to_all":
+            out = np.empty(n * p, dtype)
+            ins = np.concatenate([values(seed, i, self.rank + 100 * q, n, dtype) for q in range(p)])
+            work = dist.all_to_all(out, ins, **kw)
+            return work, (out, np.concatenate([values(seed, i, r + 100 * me, n, dtype) for r in members]))
+        work = dist.barrier(**kw)
+        return work, None
+
+    def run(self) -> None:
+        pending: list[tuple[int, dict[str, Any], Any, Any, float]] = []
+        for i, call in enumerate(self.spec["calls"]):
+            self.fault(i)
+            started = time.monotonic()
+            try:
+                issued = self.issue(i, call)
+            except FerrodistError as exc:
+                self.record(i, call, "error", started, cls=type(exc).__name__, message=str(exc)[:400])
+                continue
+            if issued is None:
+                continue
+            work, check = issued
+            if work is not None:
+                pending.append((i, call, work, check, started))
+            else:
+                self.verify(i, call, check, started)
+            if call.get("flush") or len(pending) >= 3:
+                self.drain(pending)
+        self.drain(pending)
+
+    def drain(self, pending: list[tuple[int, dict[str, Any], Any, Any, float]]) -> None:
+        for i, call, work, check, started in pending:
+            try:
+                work.wait()
+            except FerrodistError as exc:
+                self.record(i, call, "error", started, cls=type(exc).__name__, message=str(exc)[:400])
+                continue
+            self.verify(i, call, check, started)
+        pending.clear()
+
+    def verify(self, i: int, call: dict[str, Any], check: Any, started: float) -> None:
+        if check is not None:
+            got, want = check
+            if not np.array_equal(got, want):
+                self.record(i, call, "wrong", started, got=str(got[:6]), want=str(want[:6]))
+                return
+        self.record(i, call, "ok", started)
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    outdir = Path(sys.argv[2])
+    dist.init_process_group(spec["backend"], timeout=spec["timeout"])
+    (outdir / f"pid{dist.get_rank()}").write_text(str(os.getpid()))
+    Rank(spec, outdir).run()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

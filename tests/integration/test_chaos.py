@@ -1,0 +1,39 @@
+"""The chaos suite: random collectives under random faults in real processes, every
+result and every error checked (see chaos.py for the schedules and the invariant).
+
+CI runs ``FERRODIST_CHAOS_SCHEDULES`` schedules (default 24) from seed
+``FERRODIST_CHAOS_SEED`` (default 0); ``make chaos`` runs 500.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from chaos import make_schedule, run_schedule  # noqa: E402
+
+SCHEDULES = int(os.environ.get("FERRODIST_CHAOS_SCHEDULES", "24"))
+FIRST_SEED = int(os.environ.get("FERRODIST_CHAOS_SEED", "0"))
+
+
+@pytest.mark.timeout(max(600, 120 * SCHEDULES))
+def test_random_faults_never_give_a_wrong_result_or_a_late_error(tmp_path):
+    started = time.monotonic()
+    violations: list[str] = []
+    kinds: dict[str, int] = {}
+    for seed in range(FIRST_SEED, FIRST_SEED + SCHEDULES):
+        schedule = make_schedule(seed)
+        key = f"{schedule['fault']['kind']}/{schedule['backend']}/{schedule['launch']}"
+        kinds[key] = kinds.get(key, 0) + 1
+        violations += run_schedule(schedule, tmp_path / f"s{seed}")
+    took = time.monotonic() - started
+    print(
+        f"\nchaos: {SCHEDULES} schedules (seeds {FIRST_SEED}..{FIRST_SEED + SCHEDULES - 1}) in {took:.0f} s, "
+        f"{len(violations)} violations; by fault/backend/launch: {dict(sorted(kinds.items()))}"
+    )
+    assert not violations, "\n".join(violations)
