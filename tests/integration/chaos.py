@@ -3,8 +3,9 @@
 A schedule (``make_schedule(seed)``, all drawn from the seed) is: 2 to 4 ranks, the shm or
 tcp backend, started by ``ferrodist run`` or by hand (each rank its own process with
 MASTER_ADDR/RANK/WORLD_SIZE, as SLURM or mpiexec would), 8 to 16 collectives of every
-kind on the world group or on subgroups, some ``async_op=True`` and in flight together,
-of 1 to 300000 elements (several shared-memory chunks), and one fault: none, SIGKILL of
+kind on the world group or on subgroups (in one thread, or a thread per group), some
+``async_op=True`` and in flight together, of 1 to 300000 elements (several
+shared-memory chunks), and one fault: none, SIGKILL of
 a rank (before or in the middle of a call), SIGSTOP past the deadline, SIGSTOP well
 under it, an exception in a rank's own code, or a delay under the deadline.
 
@@ -85,6 +86,7 @@ def make_schedule(seed: int) -> dict[str, Any]:
         "ranks": ranks,
         "backend": rng.choice(("shm", "tcp")),
         "launch": rng.choice(("run", "hand")),
+        "threads": rng.random() < 0.3,  # each group's calls in a thread of its own
         "timeout": TIMEOUT,
         "groups": groups,
         "calls": calls,

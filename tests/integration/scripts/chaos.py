@@ -39,6 +39,7 @@ class Rank:
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
         self.log = open(outdir / f"rank{self.rank}.jsonl", "w", buffering=1)  # noqa: SIM115
+        self.lock = threading.Lock()
         self.groups: dict[str, Any] = {"world": None}
         for name, members in spec["groups"].items():
             self.groups[name] = dist.new_group(members)  # every rank makes every group, in order
@@ -47,7 +48,8 @@ class Rank:
         entry = {"i": i, "op": call["op"], "group": call["group"], "outcome": outcome}
         entry["seconds"] = round(time.monotonic() - started, 3)
         entry.update(extra)
-        self.log.write(json.dumps(entry) + "\n")
+        with self.lock:
+            self.log.write(json.dumps(entry) + "\n")
 
     def fault(self, i: int) -> None:
         fault = self.spec["fault"]
@@ -118,8 +120,24 @@ class Rank:
         return work, None
 
     def run(self) -> None:
+        """All calls in this thread, or (``threads``) each group's calls in a thread of its own."""
+        calls = list(enumerate(self.spec["calls"]))
+        if not self.spec.get("threads"):
+            self.run_calls(calls)
+            return
+        names = sorted({call["group"] for _, call in calls})
+        threads = [
+            threading.Thread(target=self.run_calls, args=([(i, c) for i, c in calls if c["group"] == name],))
+            for name in names
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def run_calls(self, calls: list[tuple[int, dict[str, Any]]]) -> None:
         pending: list[tuple[int, dict[str, Any], Any, Any, float]] = []
-        for i, call in enumerate(self.spec["calls"]):
+        for i, call in calls:
             self.fault(i)
             started = time.monotonic()
             try:

@@ -80,6 +80,11 @@ class Aborts:
         self._notified: set[int] = set()
         self._heard: dict[int, dict[int, int]] = {}
 
+    def first(self) -> FerrodistError | None:
+        """The first error that aborted any channel here, or None."""
+        with self._lock:
+            return next(iter(self._errors.values()), None)
+
     def error(self, channel: int) -> FerrodistError | None:
         """The error that aborted ``channel``, or None (a dict lookup: cheap on hot paths)."""
         return self._errors.get(channel)

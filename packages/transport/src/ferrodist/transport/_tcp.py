@@ -295,6 +295,11 @@ class _Link:
         t = self.transport
         header = decode_header(self._header, expected_sequence=self.recv_seq, max_length=t._max_frame, peer=self.peer)
         self.recv_seq += 1
+        if header.kind == GOODBYE and header.length:  # it leaves because of a failure: read why
+            frame = _Frame(header.tag, header.fingerprint, None, None, GOODBYE)
+            frame.payload = bytearray(header.length)
+            frame.piece = memoryview(frame.payload)
+            return frame
         if header.kind == GOODBYE:
             raise PeerLost(
                 f"rank {self.peer} closed its transport (it finished, or called destroy_process_group)",
@@ -504,7 +509,10 @@ class TcpTransport:
         """The last byte of ``frame`` has arrived: finish its receive, or keep it for one."""
         if frame.kind == ABORT:
             seq, error = decode_notice(frame.payload or b"", self._rank, link.peer)
-            self._abort_here(channel_of(frame.tag), error, heard=(link.peer, seq))
+            self._abort_here(frame.tag, error, heard=(link.peer, seq))  # an ABORT frame's tag is the channel
+            return
+        if frame.kind == GOODBYE:
+            link._end(_departure(self._rank, link.peer, frame.payload or b""))
             return
         if frame.payload is None and frame.pending is None:
             return  # a dropped frame of an aborted channel
@@ -760,12 +768,14 @@ class TcpTransport:
         if self._closing:
             return
         self._closing = True
+        cause = self._aborts.first() or next((e for p, e in self._lost.items() if p != self._rank), None)
+        why = None if cause is None else np.frombuffer(encode_notice(-1, cause, self._rank), np.uint8)
         for link in list(self._links.values()):
             try:
                 if link.peer not in self._lost:
-                    link.send(GOODBYE, 0, 0, None, 1.0)
+                    link.send(GOODBYE, 0, 0, why, 1.0)  # with the failure that makes this rank leave
                 link.sock.shutdown(socket.SHUT_RDWR)  # the goodbye still goes out; our reader wakes up
-            except OSError:
+            except (OSError, TimeoutError):
                 pass
         deadline = time.monotonic() + 2.0
         for link in self._links.values():
@@ -785,6 +795,20 @@ class TcpTransport:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _departure(rank: int, peer: int, why: bytes) -> PeerLost:
+    """The error for a peer that closed its transport because of a failure it names: the
+    culprit (``peer`` attribute) is the rank that failure names, not the messenger."""
+    _, cause = decode_notice(why, rank, peer)
+    named = getattr(cause, "peer", None)
+    waited = getattr(cause, "waiting_for", ())
+    culprit = named if named is not None and named != peer else (waited[0] if waited else peer)
+    return PeerLost(
+        f"rank {peer} closed its transport after a failure there: {cause.notice}",  # type: ignore[attr-defined]
+        peer=culprit,
+        rank=rank,
+    )
 
 
 def _fresh(error: FerrodistError, context: str) -> FerrodistError:
