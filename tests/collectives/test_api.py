@@ -299,11 +299,11 @@ def test_scratch_buffers_are_reused_not_allocated_per_call():
         group = dist.new_group()
         x = np.ones(100_000, np.float32)
         group.all_reduce(x, algorithm="ring")
-        buffers = dict(group._scratch._local.buffers)
+        buffers = dict(group._runner.scratch._local.buffers)
         for _ in range(3):
             group.all_reduce(x, algorithm="ring")
-        assert group._scratch._local.buffers == buffers
-        assert all(group._scratch._local.buffers[k] is v for k, v in buffers.items())
+        assert group._runner.scratch._local.buffers == buffers
+        assert all(group._runner.scratch._local.buffers[k] is v for k, v in buffers.items())
 
     run_world(3, rank_main)
 
@@ -312,9 +312,9 @@ def test_destroy_process_group_stops_the_async_worker():
     def rank_main():
         group = dist.new_group()
         group.all_reduce(np.ones(1), async_op=True).wait(5)
-        worker = group._worker
+        worker = group._runner._worker
         dist.destroy_process_group(group)
-        assert group._worker is None and not worker._thread.is_alive()
+        assert group._runner._worker is None and not worker._thread.is_alive()
         with pytest.raises(InvalidArgument, match="destroyed"):
             group.all_reduce(np.ones(1))
 
@@ -325,10 +325,10 @@ def test_destroying_the_world_stops_the_workers_of_its_subgroups():
     def rank_main():
         sub = dist.new_group()
         sub.all_reduce(np.ones(1), async_op=True).wait(5)
-        worker = sub._worker
+        worker = sub._runner._worker
         dist.destroy_process_group()
         dist.init_process_group("simulated")  # run_world tears a group down afterwards
-        return worker._thread.is_alive(), sub._worker
+        return worker._thread.is_alive(), sub._runner._worker
 
     assert run_world(2, rank_main) == [(False, None)] * 2
 

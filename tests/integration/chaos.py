@@ -107,7 +107,7 @@ def _free_port() -> int:
 def _start(schedule: dict[str, Any], outdir: Path) -> list[subprocess.Popen[bytes]]:
     spec = json.dumps(schedule)
     n = schedule["ranks"]
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": open(outdir / "stderr.txt", "wb")}  # noqa: SIM115
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": open(outdir / "stderr.txt", "wb")}
     if schedule["launch"] == "run":
         command = [sys.executable, "-m", "ferrodist.launch", "run", "-n", str(n), "--grace", "3"]
         return [subprocess.Popen([*command, str(SCRIPT), spec, str(outdir)], **quiet)]
@@ -165,9 +165,18 @@ def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
     harmless = fault["kind"] in ("none", "stop-short", "delay")
     victim = None if harmless else fault["rank"]
     violations = []
-    for log in sorted(outdir.glob("rank*.jsonl")):
-        rank = int(log.stem[4:])
-        entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    for rank in range(schedule["ranks"]):
+        log = outdir / f"rank{rank}.jsonl"
+        entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+        # Every call must be accounted for, but the killed rank's, and the others' when the
+        # launcher stops the job after a rank died (as it should).
+        ended = fault["kind"] in ("kill", "raise")
+        if not (ended and (rank == victim or schedule["launch"] == "run")):
+            groups = schedule["groups"]
+            mine = {i for i, c in enumerate(schedule["calls"]) if rank in groups.get(c["group"], [rank])}
+            missing = sorted(mine - {entry["i"] for entry in entries})
+            if missing:
+                violations.append(f"seed {seed}: rank {rank} never finished calls {missing} (it crashed or hung)")
         first_error = None
         for entry in entries:
             where = f"seed {seed}: rank {rank}, call {entry['i']} ({entry['op']} on {entry['group']})"
@@ -176,7 +185,9 @@ def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
             elif entry["outcome"] == "error":
                 first_error = first_error or entry
                 if harmless:
-                    violations.append(f"{where}: raised {entry['cls']} with no fault past the deadline: {entry['message']}")
+                    violations.append(
+                        f"{where}: raised {entry['cls']} with no fault past the deadline: {entry['message']}"
+                    )
                 limit = 4 * timeout + SLACK  # itself and up to 3 calls in flight before it
                 if entry["seconds"] > limit:
                     violations.append(f"{where}: raised after {entry['seconds']} s (limit {limit:g} s)")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chaos import make_schedule, run_schedule  # noqa: E402
+from chaos import make_schedule, run_schedule
 
 SCHEDULES = int(os.environ.get("FERRODIST_CHAOS_SCHEDULES", "24"))
 FIRST_SEED = int(os.environ.get("FERRODIST_CHAOS_SEED", "0"))

@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 import pytest
-from _helpers import tcp_world
 
+from _helpers import tcp_world
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, PeerLost
 from ferrodist.transport import SimulatedTransport
 from ferrodist.transport._aborts import channel_of, decode_notice, encode_notice
@@ -54,6 +54,9 @@ def test_an_abort_fails_the_channel_on_every_rank_and_leaves_other_channels_alon
         assert time.monotonic() - started < 1
         assert caught.value.peer == 2 and caught.value.aborted_by == 0
         # The channel stays aborted, on the sender too: later messages on it fail at once.
+        deadline = time.monotonic() + 5
+        while ranks[2].aborted(5) is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # rank 2's copy of the notice is read by its link's thread
         for rank in (0, 1, 2):
             assert isinstance(ranks[rank].aborted(5), CollectiveMismatch)
         with pytest.raises(CollectiveMismatch):

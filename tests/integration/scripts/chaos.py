@@ -38,7 +38,7 @@ class Rank:
         self.spec = spec
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
-        self.log = open(outdir / f"rank{self.rank}.jsonl", "w", buffering=1)  # noqa: SIM115
+        self.log = open(outdir / f"rank{self.rank}.jsonl", "w", buffering=1)
         self.lock = threading.Lock()
         self.groups: dict[str, Any] = {"world": None}
         for name, members in spec["groups"].items():

@@ -35,9 +35,9 @@ def main() -> None:
     dist.init_process_group(backend, timeout=30)
     rank, size = dist.get_rank(), dist.get_world_size()
     (outdir / f"pid{rank}").write_text(str(os.getpid()))
-    log = open(outdir / f"rank{rank}.jsonl", "w", buffering=1)  # noqa: SIM115
+    log = open(outdir / f"rank{rank}.jsonl", "w", buffering=1)
 
-    def attempt(i: int, fn, want=None, got=None) -> None:  # noqa: ANN001
+    def attempt(i: int, fn, want=None, got=None) -> None:
         started = time.monotonic()
         try:
             fn()

@@ -40,7 +40,7 @@ def run_groups(rounds: int) -> int:
                 dist.all_reduce(x, group=group)
                 want = sum(r + 1 + 1000 * which + 10 * i for r in range(size))
                 expect(x, np.full(1000, want, np.float32), f"group {which} round {i}")
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             failures.append(exc)
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
@@ -79,7 +79,9 @@ def run_mixed(rounds: int) -> int:
             y = np.full(n, float(rank), np.float64) if rank == j % size else np.zeros(n)
             pending.append(("broadcast", y, dist.broadcast(y, src=j % size, async_op=True), n, i, j))
             out = np.empty(size * n)
-            pending.append(("all_gather", out, dist.all_gather(out, np.full(n, float(rank + j)), async_op=True), n, i, j))
+            pending.append(
+                ("all_gather", out, dist.all_gather(out, np.full(n, float(rank + j)), async_op=True), n, i, j)
+            )
         z = np.full(7, float(rank + i))
         dist.all_reduce(z, op="max")
         expect(z, np.full(7, float(size - 1 + i)), f"blocking max round {i}")

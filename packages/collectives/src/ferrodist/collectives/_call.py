@@ -32,6 +32,7 @@ MAX_USER_TAG = (1 << _SEQ_BITS) - 1
 _TOKEN = np.zeros(1, np.uint8)
 _AGREE = 6  # the scratch slot of ``Call.agree``
 
+
 def collective_tag(group_id: int, seq: int) -> int:
     """The transport tag of collective call number ``seq`` on a group."""
     return (group_id << _GROUP_SHIFT) | _COLLECTIVE_BIT | (seq & MAX_USER_TAG)

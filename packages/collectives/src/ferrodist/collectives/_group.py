@@ -9,17 +9,13 @@ a deadline; an error names the rank, the call and its sequence number.
 from __future__ import annotations
 
 import itertools
-import threading
-import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ferrodist.core import (
-    FerrodistError,
-    GroupAborted,
     InvalidArgument,
     InvalidRank,
     ReduceOp,
@@ -29,19 +25,17 @@ from ferrodist.core import (
 )
 from ferrodist.transport import Transport
 
-from . import _device, _direct, _doubling, _failure, _native, _ring, _tree
-from ._call import MAX_USER_TAG, Call, Scratch, collective_tag, p2p_tag
+from . import _device, _direct, _doubling, _native, _ring, _tree
+from ._call import Call
 from ._checks import Checker, flats, split_equally
-from ._debug import check_agreement
 from ._fingerprint import fingerprint
-from ._order import CallOrder
+from ._p2p import PointToPoint
+from ._runner import Runner
 from ._select import all_reduce_algorithm
-from ._work import RequestWork, Work, Worker
-
-Body = Callable[[Call], None]
+from ._work import Work
 
 
-class ProcessGroup:
+class ProcessGroup(PointToPoint):
     """Ranks that run collectives together; made by ``init_process_group`` (the world) and
     ``new_group`` (subsets).
 
@@ -73,10 +67,9 @@ class ProcessGroup:
         self._name = name
         self._global_rank = transport.rank
         self._rank = self._ranks.index(self._global_rank) if self._global_rank in self._ranks else None
-        self._order = CallOrder()
-        self._scratch = Scratch()
-        self._worker: Worker | None = None
-        self._worker_lock = threading.Lock()
+        self._runner = Runner(
+            transport, ranks, group_id, name=name, timeout=self._timeout, debug=debug, member=self._member_rank
+        )
         self._child_ids = itertools.count(1)  # ids of the groups new_group derives from this one
         self._children: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
         # (operation, numpy dtypes, element counts, op or root as given) -> what the checks
@@ -166,95 +159,6 @@ class ProcessGroup:
         return child
 
     # -- running a call ------------------------------------------------------------------------
-    def _launch(
-        self,
-        operation: str,
-        body: Body,
-        fp: int,
-        *,
-        async_op: bool,
-        timeout: float | None,
-        shape: tuple[int, ...] = (),
-    ) -> Work | None:
-        """Run ``body`` as the next call of this group (now, or on the async worker), in
-        the order the calls were issued (see ``_order``).
-
-        ``fp`` is the call's fingerprint (see ``_fingerprint``): every message of the call
-        carries it and the call's number, and a peer in another call is reported as a
-        ``CollectiveMismatch``. In debug mode the ranks first compare ``fp`` and ``shape``
-        (see ``_debug``).
-        """
-        rank = self._member_rank(operation)
-        limit = self._limit(timeout, operation)
-        seq = self._order.issue()
-
-        def run() -> None:
-            deadline = time.monotonic() + limit
-            try:
-                self._enter(seq, deadline, operation)
-                call = Call(self._transport, self._ranks, rank, self._tag(seq), deadline, self._scratch, fp, seq)
-                if self._debug:
-                    check_agreement(call, shape)
-                body(call)
-            except FerrodistError as exc:
-                raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
-            finally:
-                self._order.done(seq)
-
-        if not async_op:
-            run()
-            return None
-        work = Work(f"{operation} #{seq} on group {self._name}")
-        self._get_worker().submit(run, work)
-        return work
-
-    def _tag(self, seq: int) -> int:
-        return collective_tag(self._group_id, seq)
-
-    def _enter(self, seq: int, deadline: float, operation: str) -> None:
-        """Wait for call ``seq``'s turn; raise ``GroupAborted`` if the group was aborted."""
-        order = self._order
-        if order.turn != seq:
-            order.wait_turn(seq, deadline, f"{operation} #{seq} on group {self._name}")
-        if order.blocked is not None:
-            blocked = order.blocked
-            raise GroupAborted(
-                f"rank {self._global_rank}: {operation} #{seq}: {blocked.message}",
-                cause=blocked.cause,
-                rank=self._global_rank,
-                operation=operation,
-            )
-
-    def _fail(self, exc: FerrodistError, operation: str, seq: int) -> FerrodistError:
-        """The error call ``seq`` raises: with its context; the group aborted on every rank
-        (see ``_failure``)."""
-        if isinstance(exc, GroupAborted):
-            return exc
-        context = (
-            f"rank {self._global_rank}: {operation} #{seq} on group {self._name} "
-            f"(group rank {self._rank} of {self.size})"
-        )
-        error = _failure.framed(exc, context, self._global_rank, operation)
-        self._order.block(_failure.blocked(error, self._name, seq))
-        return _failure.abort(self._transport, self._group_id, self._ranks, seq, error)
-
-    def _limit(self, timeout: float | None, operation: str) -> float:
-        if timeout is None:
-            return self._timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise InvalidArgument(
-                f"rank {self._global_rank}: {operation}: timeout must be a positive number of seconds, not {timeout!r}",
-                rank=self._global_rank,
-                operation=operation,
-            )
-        return float(timeout)
-
-    def _get_worker(self) -> Worker:
-        with self._worker_lock:
-            if self._worker is None:
-                self._worker = Worker(f"ferrodist-{self._name}-rank{self._global_rank}")
-            return self._worker
-
     def _fast_native(self, native: Any, timeout: float | None, async_op: bool) -> bool:
         """Whether this call may take the fast path (the transport's own collectives, no options)."""
         return native is not None and not (async_op or timeout or self._debug)
@@ -267,47 +171,25 @@ class ProcessGroup:
             self._fast_plans.clear()
         self._fast_plans[key] = plan
 
-    def _fast(self, operation: str, run: Callable[[float, int], None]) -> None:
-        """Run a call validated before (see ``_fast_plans``) on the transport's own
-        collectives: ``run(deadline, seq)``, in this thread, in its turn."""
-        if self._destroyed:
-            self._member_rank(operation)  # raises
-        order = self._order
-        seq = order.issue()
-        deadline = time.monotonic() + self._timeout
-        try:
-            if order.turn != seq or order.blocked is not None:
-                self._enter(seq, deadline, operation)
-            run(deadline, seq)
-        except FerrodistError as exc:
-            raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
-        finally:
-            order.done(seq)
-
-    def _fast_call(self, operation: str, fp: int, body: Body) -> None:
-        """Run a call validated before with one of our algorithms: ``body(call)``, in this
-        thread, in its turn."""
-        rank = self._rank
-        if rank is None or self._destroyed:
-            rank = self._member_rank(operation)  # raises
-        order = self._order
-        seq = order.issue()
-        deadline = time.monotonic() + self._timeout
-        try:
-            if order.turn != seq or order.blocked is not None:
-                self._enter(seq, deadline, operation)
-            body(Call(self._transport, self._ranks, rank, self._tag(seq), deadline, self._scratch, fp, seq))
-        except FerrodistError as exc:
-            raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
-        finally:
-            order.done(seq)
-
-    def _native_for(self, t: Tensor, op: ReduceOp | None = None, algorithm: str | None = None) -> Any:
-        """The transport's own collectives when they can do this call (and the caller did
-        not ask for one of ours), else None."""
-        if self._native is None or algorithm not in (None, "auto") or not self._native.supports(t.dtype, op):
-            return None
-        return self._native
+    def _route(
+        self,
+        operation: str,
+        tensors: Sequence[Tensor],
+        op: ReduceOp | None = None,
+        algorithm: str | None = None,
+        nbytes: int = 0,
+    ) -> tuple[Any, Any]:
+        """Where a call runs, decided here for every collective: ``(device engine, None)``
+        for device tensors; else ``(None, the transport's own collectives)`` where they can
+        do this call (dtype, op; all_reduce up to their size limit) and the caller named none
+        of our algorithms; else ``(None, None)``: our algorithms over the transport."""
+        dev = _device.engine(self._global_rank, operation, tensors)
+        native = self._native
+        if dev is not None or native is None or algorithm not in (None, "auto"):
+            return dev, None
+        if not native.supports(tensors[0].dtype, op) or nbytes > native.all_reduce_up_to:
+            return None, None
+        return None, native
 
     def _checker(self, operation: str) -> Checker:
         self._member_rank(operation)
@@ -344,9 +226,11 @@ class ProcessGroup:
                 dt, how, fp = plan
                 if dt is None:  # one of our algorithms: (engine, kernel, divisor)
                     engine, kernel, divisor = how
-                    self._fast_call("all_reduce", fp, lambda call: engine(call, tensor.reshape(-1), kernel, divisor))
+                    self._runner.fast_call(
+                        "all_reduce", fp, lambda call: engine(call, tensor.reshape(-1), kernel, divisor)
+                    )
                 else:
-                    self._fast(
+                    self._runner.fast(
                         "all_reduce",
                         lambda deadline, seq: native.all_reduce(tensor.reshape(-1), dt, how, deadline, fp, seq),
                     )
@@ -357,11 +241,11 @@ class ProcessGroup:
         name = all_reduce_algorithm(t.nbytes, self.size, algorithm, rank=self._global_rank)
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         x = t.flat()
-        dev = _device.engine(self._global_rank, "all_reduce", [t])
+        dev, native = self._route("all_reduce", [t], reduce_op, algorithm, t.nbytes)
         wire = _compression(check, compress, t, dev)
         fp = fingerprint("all_reduce", wire, t.numel, reduce_op)
         if dev is not None:
-            return self._launch(
+            return self._runner.launch(
                 "all_reduce",
                 lambda call: dev.all_reduce(call, x, t.dtype, reduce_op, divisor, wire),
                 fp,
@@ -371,16 +255,13 @@ class ProcessGroup:
             )
         engine = _ring.all_reduce if name == "ring" else _doubling.all_reduce
         kernel = reducer(t.dtype, reduce_op)
-        native = self._native_for(t, reduce_op, algorithm)
-        if native is not None and t.nbytes > getattr(native, "all_reduce_up_to", t.nbytes):
-            native = None  # the transport's own all_reduce is slower than ours at this size
         if type(tensor) is np.ndarray and not (algorithm or compress):
             self._remember(
                 ("all_reduce", tensor.dtype, op, t.numel),
                 (t.dtype, reduce_op, fp) if native is not None else (None, (engine, kernel, divisor), fp),
                 tensor,
             )
-        return self._launch(
+        return self._runner.launch(
             "all_reduce",
             (lambda call: native.all_reduce(x, t.dtype, reduce_op, call.deadline, call.fingerprint, call.seq))
             if native
@@ -406,7 +287,7 @@ class ProcessGroup:
             plan = self._fast_plans.get(("broadcast", tensor.dtype, tensor.size, src))
             if plan is not None and tensor.flags.c_contiguous and (tensor.flags.writeable or plan[1] == self._rank):
                 dt, root, fp = plan
-                self._fast(
+                self._runner.fast(
                     "broadcast",
                     lambda deadline, seq: native.broadcast(tensor.reshape(-1), root, dt, deadline, fp, seq),
                 )
@@ -416,11 +297,10 @@ class ProcessGroup:
         t = check.tensor(tensor, writeable=self._rank != root)
         x = t.flat()
         fp = fingerprint("broadcast", t.dtype, t.numel, root=root)
-        dev = _device.engine(self._global_rank, "broadcast", [t])
-        native = None if dev else self._native_for(t)
+        dev, native = self._route("broadcast", [t])
         if native is not None and type(tensor) is np.ndarray:
             self._remember(("broadcast", tensor.dtype, t.numel, src), (t.dtype, root, fp), tensor)
-        return self._launch(
+        return self._runner.launch(
             "broadcast",
             (lambda call: dev.broadcast(call, x, root))
             if dev
@@ -458,9 +338,8 @@ class ProcessGroup:
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         x = t.flat()
         fp = fingerprint("reduce", t.dtype, t.numel, reduce_op, root)
-        dev = _device.engine(self._global_rank, "reduce", [t])
-        native = None if dev else self._native_for(t, reduce_op)
-        return self._launch(
+        dev, native = self._route("reduce", [t], reduce_op)
+        return self._runner.launch(
             "reduce",
             (lambda call: dev.reduce(call, x, root, t.dtype, reduce_op, divisor))
             if dev
@@ -489,7 +368,7 @@ class ProcessGroup:
             plan = self._fast_plans.get(("all_gather", tensor.dtype, tensor.size, output.dtype, output.size))
             if plan is not None and tensor.flags.c_contiguous and output.flags.c_contiguous and output.flags.writeable:
                 dt, _, fp = plan
-                self._fast(
+                self._runner.fast(
                     "all_gather",
                     lambda deadline, seq: native.all_gather(
                         tensor.reshape(-1), output.reshape(-1), dt, deadline, fp, seq
@@ -500,8 +379,7 @@ class ProcessGroup:
         t = check.tensor(tensor)
         blocks = check.blocks(output, t, self.size, "output", writeable=True)
         x = t.flat()
-        dev = _device.engine(self._global_rank, "all_gather", [t, *check.seen])
-        native = None if dev else self._native_for(t)
+        dev, native = self._route("all_gather", [t, *check.seen])
         if native is not None and type(tensor) is np.ndarray and type(output) is np.ndarray:
             key = ("all_gather", tensor.dtype, t.numel, output.dtype, output.size)
             self._remember(key, (t.dtype, None, fingerprint("all_gather", t.dtype, t.numel)), tensor, output)
@@ -517,7 +395,7 @@ class ProcessGroup:
             _ring.all_gather(call, blocks)
 
         fp = fingerprint("all_gather", t.dtype, t.numel)
-        return self._launch("all_gather", body, fp, async_op=async_op, timeout=timeout, shape=t.shape)
+        return self._runner.launch("all_gather", body, fp, async_op=async_op, timeout=timeout, shape=t.shape)
 
     def reduce_scatter(
         self,
@@ -542,7 +420,7 @@ class ProcessGroup:
             plan = self._fast_plans.get(("reduce_scatter", output.dtype, output.size, input.dtype, input.size, op))
             if plan is not None and output.flags.c_contiguous and output.flags.writeable and input.flags.c_contiguous:
                 dt, reduce_op, fp = plan
-                self._fast(
+                self._runner.fast(
                     "reduce_scatter",
                     lambda deadline, seq: native.reduce_scatter(
                         input.reshape(-1), output.reshape(-1), dt, reduce_op, deadline, fp, seq
@@ -556,8 +434,7 @@ class ProcessGroup:
         kernel = reducer(out_t.dtype, reduce_op)
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         out = out_t.flat()
-        dev = _device.engine(self._global_rank, "reduce_scatter", [out_t, *check.seen])
-        native = None if dev else self._native_for(out_t, reduce_op)
+        dev, native = self._route("reduce_scatter", [out_t, *check.seen], reduce_op)
         if native is not None and self.size > 1 and type(output) is np.ndarray and type(input) is np.ndarray:
             key = ("reduce_scatter", output.dtype, out_t.numel, input.dtype, input.size, op)
             plan = (out_t.dtype, reduce_op, fingerprint("reduce_scatter", out_t.dtype, out_t.numel, reduce_op))
@@ -574,7 +451,7 @@ class ProcessGroup:
                 _ring.reduce_scatter(call, out, blocks, kernel, divisor)
 
         fp = fingerprint("reduce_scatter", out_t.dtype, out_t.numel, reduce_op)
-        return self._launch("reduce_scatter", body, fp, async_op=async_op, timeout=timeout, shape=out_t.shape)
+        return self._runner.launch("reduce_scatter", body, fp, async_op=async_op, timeout=timeout, shape=out_t.shape)
 
     def gather(
         self,
@@ -606,9 +483,8 @@ class ProcessGroup:
             blocks = None
         x = t.flat()
         fp = fingerprint("gather", t.dtype, t.numel, root=root)
-        dev = _device.engine(self._global_rank, "gather", [t, *check.seen])
-        native = None if dev else self._native_for(t)
-        return self._launch(
+        dev, native = self._route("gather", [t, *check.seen])
+        return self._runner.launch(
             "gather",
             (lambda call: dev.gather(call, x, blocks, root))
             if dev
@@ -651,9 +527,8 @@ class ProcessGroup:
             blocks = None
         x = t.flat()
         fp = fingerprint("scatter", t.dtype, t.numel, root=root)
-        dev = _device.engine(self._global_rank, "scatter", [t, *check.seen])
-        native = None if dev else self._native_for(t)
-        return self._launch(
+        dev, native = self._route("scatter", [t, *check.seen])
+        return self._runner.launch(
             "scatter",
             (lambda call: dev.scatter(call, x, blocks, root))
             if dev
@@ -689,8 +564,8 @@ class ProcessGroup:
         check.same_kind(ins[me], outs[me], f"inputs[{me}] (kept by this rank)")
         out_flat, in_flat = flats(outs), flats(ins)
         fp = fingerprint("all_to_all", ins[0].dtype)  # block sizes may differ per pair: not in the fingerprint
-        dev = _device.engine(self._global_rank, "all_to_all", [*outs, *ins])
-        return self._launch(
+        dev, _ = self._route("all_to_all", [*outs, *ins])  # no transport has its own all_to_all
+        return self._runner.launch(
             "all_to_all",
             (lambda call: dev.all_to_all(call, out_flat, in_flat))
             if dev
@@ -705,51 +580,7 @@ class ProcessGroup:
         self._checker("barrier")
         native = self._native
         body = (lambda call: native.barrier(call.deadline, call.fingerprint, call.seq)) if native else _tree.barrier
-        return self._launch("barrier", body, fingerprint("barrier"), async_op=async_op, timeout=timeout)
-
-    # -- point to point ------------------------------------------------------------------------
-    def _p2p(
-        self, operation: str, tensor: Any, peer: int, tag: int, *, writeable: bool
-    ) -> tuple[Any, int, int, str, Any]:
-        check = self._checker(operation)
-        peer_rank = check.root(peer, self.size, "dst" if operation in ("send", "isend") else "src")
-        if peer_rank == self._rank:
-            raise check.fail(f"peer {peer_rank} is this rank itself; copy the data locally", InvalidRank)
-        if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= MAX_USER_TAG:
-            raise check.fail(f"tag must be an integer in 0..{MAX_USER_TAG}, not {tag!r}")
-        t = check.tensor(tensor, writeable=writeable)
-        context = f"rank {self._global_rank}: {operation} with group rank {peer_rank} (tag {tag}) on group {self._name}"
-        dev = _device.engine(self._global_rank, operation, [t])
-        return t.flat(), self._ranks[peer_rank], p2p_tag(self._group_id, tag), context, dev
-
-    def _start(self, x: Any, peer: int, tag: int, dev: Any, *, sending: bool) -> Any:
-        if dev is not None:
-            return (dev.isend if sending else dev.irecv)(self._transport, x, peer, tag)
-        return (self._transport.isend if sending else self._transport.irecv)(x, peer, tag)
-
-    def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
-        """Start sending ``tensor`` to group rank ``dst``; don't modify it until ``wait()`` returns."""
-        x, peer, wire_tag, context, dev = self._p2p("isend", tensor, dst, tag, writeable=False)
-        request = self._start(x, peer, wire_tag, dev, sending=True)
-        return RequestWork(context, request, self._timeout, context)
-
-    def irecv(self, tensor: Any, src: int, tag: int = 0) -> Work:
-        """Start receiving into ``tensor`` from group rank ``src``; read it after ``wait()``."""
-        x, peer, wire_tag, context, dev = self._p2p("irecv", tensor, src, tag, writeable=True)
-        request = self._start(x, peer, wire_tag, dev, sending=False)
-        return RequestWork(context, request, self._timeout, context)
-
-    def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        """Send ``tensor`` to group rank ``dst`` (matched by a ``recv`` there with the same tag)."""
-        x, peer, wire_tag, context, dev = self._p2p("send", tensor, dst, tag, writeable=False)
-        request = self._start(x, peer, wire_tag, dev, sending=True)
-        RequestWork(context, request, self._limit(timeout, "send"), context).wait()
-
-    def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        """Receive into ``tensor`` from group rank ``src`` (the message must have its exact size)."""
-        x, peer, wire_tag, context, dev = self._p2p("recv", tensor, src, tag, writeable=True)
-        request = self._start(x, peer, wire_tag, dev, sending=False)
-        RequestWork(context, request, self._limit(timeout, "recv"), context).wait()
+        return self._runner.launch("barrier", body, fingerprint("barrier"), async_op=async_op, timeout=timeout)
 
     # -- lifetime --------------------------------------------------------------------------------
     def _shutdown(self, timeout: float = 5.0) -> None:
@@ -758,10 +589,7 @@ class ProcessGroup:
         for child in list(self._children):
             child._shutdown(timeout)
         self._destroyed = True
-        with self._worker_lock:
-            worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.stop(timeout)
+        self._runner.stop(timeout)
         native, self._native = self._native, None
         if native is not None:
             native.free()

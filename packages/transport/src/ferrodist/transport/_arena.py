@@ -143,7 +143,8 @@ class Arena:
         stride, first, stop = COUNTERS * _WORDS_PER_LINE, ranks[0], ranks[-1] + 1
         peer = -1
         if fingerprint:
-            peer = first_different(self._words, stride, CALL * _WORDS_PER_LINE + 2 + slot, first, stop, fingerprint)
+            signed = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # the 64 bits, as int64
+            peer = first_different(self._words, stride, CALL * _WORDS_PER_LINE + 2 + slot, first, stop, signed)
         if peer >= 0:
             raise CollectiveMismatch(
                 f"rank {self.rank}: rank {peer} is in another call than this rank",

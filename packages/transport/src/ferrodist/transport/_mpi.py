@@ -333,12 +333,16 @@ class MpiCollectives:
         others = [r for r in range(self._size) if r != self._rank]
         poll([request], deadline, what, self._global_rank, others)
 
-    def all_reduce(self, x: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
+    def all_reduce(
+        self, x: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
         self._finish(self._comm.Iallreduce(mpi().IN_PLACE, self._spec(x, dt), self._op(dt, op)), deadline, "all_reduce")
         if op is ReduceOp.AVG:
             np.divide(x, self._size, out=x)
 
-    def reduce(self, x: Buffer, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
+    def reduce(
+        self, x: Buffer, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
         if self._rank == root:
             request = self._comm.Ireduce(mpi().IN_PLACE, self._spec(x, dt), self._op(dt, op), root)
         else:
@@ -350,7 +354,9 @@ class MpiCollectives:
     def broadcast(self, x: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         self._finish(self._comm.Ibcast(self._spec(x, dt), root), deadline, "broadcast")
 
-    def all_gather(self, x: Buffer, out: Buffer, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
+    def all_gather(
+        self, x: Buffer, out: Buffer, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
         self._finish(self._comm.Iallgather(self._spec(x, dt), self._spec(out, dt)), deadline, "all_gather")
 
     def reduce_scatter(
@@ -368,7 +374,14 @@ class MpiCollectives:
         self._finish(self._comm.Igather(self._spec(x, dt), target, root), deadline, "gather")
 
     def scatter(
-        self, blocks: Buffer | None, out: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
+        self,
+        blocks: Buffer | None,
+        out: Buffer,
+        root: int,
+        dt: DType,
+        deadline: float,
+        fingerprint: int = 0,
+        seq: int = 0,
     ) -> None:
         source = self._spec(blocks, dt) if blocks is not None else None
         self._finish(self._comm.Iscatter(source, self._spec(out, dt), root), deadline, "scatter")

@@ -63,15 +63,21 @@ class NativeCollectives(Protocol):
 
     def supports(self, dt: DType, op: ReduceOp | None = None) -> bool: ...
 
-    def all_reduce(self, x: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0) -> None: ...
+    def all_reduce(
+        self, x: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None: ...
 
     def reduce(
         self, x: Buffer, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None: ...
 
-    def broadcast(self, x: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None: ...
+    def broadcast(
+        self, x: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None: ...
 
-    def all_gather(self, x: Buffer, out: Buffer, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None: ...
+    def all_gather(
+        self, x: Buffer, out: Buffer, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None: ...
 
     def reduce_scatter(
         self, blocks: Buffer, out: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
@@ -82,7 +88,14 @@ class NativeCollectives(Protocol):
     ) -> None: ...
 
     def scatter(
-        self, blocks: Buffer | None, x: Buffer, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
+        self,
+        blocks: Buffer | None,
+        x: Buffer,
+        root: int,
+        dt: DType,
+        deadline: float,
+        fingerprint: int = 0,
+        seq: int = 0,
     ) -> None: ...
 
     def barrier(self, deadline: float, fingerprint: int = 0, seq: int = 0) -> None: ...

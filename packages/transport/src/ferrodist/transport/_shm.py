@@ -128,7 +128,9 @@ class ShmCollectives:
         return per
 
     # -- collectives -------------------------------------------------------------------------------
-    def all_reduce(self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
+    def all_reduce(
+        self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
         """Small messages (size x ranks up to ``SMALL_ALL_REDUCE``): every rank publishes its
         data and reduces all of it (one sync). Larger: per chunk, reduce-scatter through the
         slots, then gather (bandwidth-optimal)."""
@@ -160,7 +162,9 @@ class ShmCollectives:
             return
         self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=None)
 
-    def reduce(self, x: Array, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
+    def reduce(
+        self, x: Array, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
         self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=root)
 
     def _reduce_chunks(

@@ -27,8 +27,8 @@ import numpy as np
 
 from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost, ProtocolError
 
-from ._auth import job_token
 from ._aborts import Aborts, channel_of, decode_notice, encode_notice
+from ._auth import job_token
 from ._frames import ABORT, DATA, GOODBYE, HEADER, decode_header, encode_header
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._net import local_address
@@ -508,11 +508,11 @@ class TcpTransport:
     def _complete(self, link: _Link, frame: _Frame) -> None:
         """The last byte of ``frame`` has arrived: finish its receive, or keep it for one."""
         if frame.kind == ABORT:
-            seq, error = decode_notice(frame.payload or b"", self._rank, link.peer)
+            seq, error = decode_notice(bytes(frame.payload or b""), self._rank, link.peer)
             self._abort_here(frame.tag, error, heard=(link.peer, seq))  # an ABORT frame's tag is the channel
             return
         if frame.kind == GOODBYE:
-            link._end(_departure(self._rank, link.peer, frame.payload or b""))
+            link._end(_departure(self._rank, link.peer, bytes(frame.payload or b"")))
             return
         if frame.payload is None and frame.pending is None:
             return  # a dropped frame of an aborted channel
@@ -719,7 +719,9 @@ class TcpTransport:
             try:
                 link.send(ABORT, channel, 0, notice, _NOTICE_SEND)
             except TimeoutError:
-                self._lose(peer, PeerLost(f"rank {peer} stopped reading (an abort notice could not reach it)", peer=peer))
+                self._lose(
+                    peer, PeerLost(f"rank {peer} stopped reading (an abort notice could not reach it)", peer=peer)
+                )
             except OSError:
                 pass  # its connection broke: its own reader reports that
 

@@ -1,0 +1,89 @@
+"""Point to point on a ``ProcessGroup``: ``send``, ``recv``, ``isend``, ``irecv`` by group rank.
+
+Messages travel on the group's channel with the user's tag (``p2p_tag``), apart from the
+group's collectives; device tensors go through the device engine. A wait is bounded by
+the group's timeout (or the caller's); an aborted group fails them at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ferrodist.core import InvalidRank, ReduceOp, Tensor
+from ferrodist.transport import Transport
+
+from ._call import MAX_USER_TAG, p2p_tag
+from ._checks import Checker
+from ._runner import Runner
+from ._work import RequestWork, Work
+
+
+class PointToPoint:
+    """The point-to-point methods of ``ProcessGroup`` (a mixin over the group's checks,
+    route and runner, declared here)."""
+
+    _transport: Transport
+    _runner: Runner
+    _ranks: tuple[int, ...]
+    _rank: int | None
+    _global_rank: int
+    _group_id: int
+    _name: str
+    _timeout: float
+
+    def _checker(self, operation: str) -> Checker:
+        raise NotImplementedError
+
+    def _route(
+        self,
+        operation: str,
+        tensors: Sequence[Tensor],
+        op: ReduceOp | None = None,
+        algorithm: str | None = None,
+        nbytes: int = 0,
+    ) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def _p2p(
+        self, operation: str, tensor: Any, peer: int, tag: int, *, writeable: bool
+    ) -> tuple[Any, int, int, str, Any]:
+        check = self._checker(operation)
+        peer_rank = check.root(peer, len(self._ranks), "dst" if operation in ("send", "isend") else "src")
+        if peer_rank == self._rank:
+            raise check.fail(f"peer {peer_rank} is this rank itself; copy the data locally", InvalidRank)
+        if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= MAX_USER_TAG:
+            raise check.fail(f"tag must be an integer in 0..{MAX_USER_TAG}, not {tag!r}")
+        t = check.tensor(tensor, writeable=writeable)
+        context = f"rank {self._global_rank}: {operation} with group rank {peer_rank} (tag {tag}) on group {self._name}"
+        dev, _ = self._route(operation, [t])
+        return t.flat(), self._ranks[peer_rank], p2p_tag(self._group_id, tag), context, dev
+
+    def _start(self, x: Any, peer: int, tag: int, dev: Any, *, sending: bool) -> Any:
+        if dev is not None:
+            return (dev.isend if sending else dev.irecv)(self._transport, x, peer, tag)
+        return (self._transport.isend if sending else self._transport.irecv)(x, peer, tag)
+
+    def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
+        """Start sending ``tensor`` to group rank ``dst``; don't modify it until ``wait()`` returns."""
+        x, peer, wire_tag, context, dev = self._p2p("isend", tensor, dst, tag, writeable=False)
+        request = self._start(x, peer, wire_tag, dev, sending=True)
+        return RequestWork(context, request, self._timeout, context)
+
+    def irecv(self, tensor: Any, src: int, tag: int = 0) -> Work:
+        """Start receiving into ``tensor`` from group rank ``src``; read it after ``wait()``."""
+        x, peer, wire_tag, context, dev = self._p2p("irecv", tensor, src, tag, writeable=True)
+        request = self._start(x, peer, wire_tag, dev, sending=False)
+        return RequestWork(context, request, self._timeout, context)
+
+    def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Send ``tensor`` to group rank ``dst`` (matched by a ``recv`` there with the same tag)."""
+        x, peer, wire_tag, context, dev = self._p2p("send", tensor, dst, tag, writeable=False)
+        request = self._start(x, peer, wire_tag, dev, sending=True)
+        RequestWork(context, request, self._runner.limit(timeout, "send"), context).wait()
+
+    def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Receive into ``tensor`` from group rank ``src`` (the message must have its exact size)."""
+        x, peer, wire_tag, context, dev = self._p2p("recv", tensor, src, tag, writeable=True)
+        request = self._start(x, peer, wire_tag, dev, sending=False)
+        RequestWork(context, request, self._runner.limit(timeout, "recv"), context).wait()

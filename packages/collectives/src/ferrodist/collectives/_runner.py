@@ -1,0 +1,184 @@
+"""Running one group's calls: each numbered as issued, run in its turn (here or on the
+group's async worker) under its deadline, and on failure framed and the group aborted.
+
+A ``ProcessGroup`` checks arguments and picks a route; it hands the ``Runner`` a body
+(``body(call)``) and the call's fingerprint. Calls validated before skip the checks
+(``fast`` / ``fast_call``) but not the order, the deadline or the failure handling.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from ferrodist.core import FerrodistError, GroupAborted, InvalidArgument
+from ferrodist.transport import Transport
+
+from . import _failure
+from ._call import Call, Scratch, collective_tag
+from ._debug import check_agreement
+from ._order import CallOrder
+from ._work import Work, Worker
+
+Body = Callable[[Call], None]
+
+
+class Runner:
+    """The call machinery of one group on this rank."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        ranks: Sequence[int],
+        group_id: int,
+        *,
+        name: str,
+        timeout: float,
+        debug: bool,
+        member: Callable[[str], int],
+    ) -> None:
+        self.transport = transport
+        self.ranks = tuple(ranks)
+        self.group_id = group_id
+        self.name = name
+        self.timeout = timeout
+        self.debug = debug
+        self.member = member  # the group's check: this rank's group rank, or raise
+        self.rank = self.ranks.index(transport.rank) if transport.rank in self.ranks else None
+        self.order = CallOrder()
+        self.scratch = Scratch()
+        self.closed = False
+        self._worker: Worker | None = None
+        self._worker_lock = threading.Lock()
+
+    def launch(
+        self,
+        operation: str,
+        body: Body,
+        fp: int,
+        *,
+        async_op: bool,
+        timeout: float | None,
+        shape: tuple[int, ...] = (),
+    ) -> Work | None:
+        """Run ``body`` as the group's next call (now, or on the async worker), in the order
+        the calls were issued (see ``_order``).
+
+        ``fp`` is the call's fingerprint (see ``_fingerprint``): every message of the call
+        carries it and the call's number, and a peer in another call is reported as a
+        ``CollectiveMismatch``. In debug mode the ranks first compare ``fp`` and ``shape``
+        (see ``_debug``).
+        """
+        rank = self.member(operation)
+        limit = self.limit(timeout, operation)
+        seq = self.order.issue()
+
+        def run() -> None:
+            deadline = time.monotonic() + limit
+            try:
+                self._enter(seq, deadline, operation)
+                call = Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq)
+                if self.debug:
+                    check_agreement(call, shape)
+                body(call)
+            except FerrodistError as exc:
+                raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
+            finally:
+                self.order.done(seq)
+
+        if not async_op:
+            run()
+            return None
+        work = Work(f"{operation} #{seq} on group {self.name}")
+        self._get_worker().submit(run, work)
+        return work
+
+    def fast(self, operation: str, run: Callable[[float, int], None]) -> None:
+        """Run a call validated before on the transport's own collectives:
+        ``run(deadline, seq)``, in this thread, in its turn."""
+        if self.closed:
+            self.member(operation)  # raises
+        order = self.order
+        seq = order.issue()
+        deadline = time.monotonic() + self.timeout
+        try:
+            if order.turn != seq or order.blocked is not None:
+                self._enter(seq, deadline, operation)
+            run(deadline, seq)
+        except FerrodistError as exc:
+            raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
+        finally:
+            order.done(seq)
+
+    def fast_call(self, operation: str, fp: int, body: Body) -> None:
+        """Run a call validated before with one of our algorithms: ``body(call)``, in this
+        thread, in its turn."""
+        rank = self.rank
+        if rank is None or self.closed:
+            rank = self.member(operation)  # raises
+        order = self.order
+        seq = order.issue()
+        deadline = time.monotonic() + self.timeout
+        try:
+            if order.turn != seq or order.blocked is not None:
+                self._enter(seq, deadline, operation)
+            body(Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq))
+        except FerrodistError as exc:
+            raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
+        finally:
+            order.done(seq)
+
+    def limit(self, timeout: float | None, operation: str) -> float:
+        """A call's timeout: the caller's (checked), or the group's."""
+        if timeout is None:
+            return self.timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise InvalidArgument(
+                f"rank {self.transport.rank}: {operation}: timeout must be a positive number of seconds, "
+                f"not {timeout!r}",
+                rank=self.transport.rank,
+                operation=operation,
+            )
+        return float(timeout)
+
+    def stop(self, timeout: float) -> None:
+        """Finish queued async work (``timeout`` seconds at most) and stop the worker."""
+        self.closed = True
+        with self._worker_lock:
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop(timeout)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _tag(self, seq: int) -> int:
+        return collective_tag(self.group_id, seq)
+
+    def _enter(self, seq: int, deadline: float, operation: str) -> None:
+        """Wait for call ``seq``'s turn; raise ``GroupAborted`` if the group was aborted."""
+        order = self.order
+        if order.turn != seq:
+            order.wait_turn(seq, deadline, f"{operation} #{seq} on group {self.name}")
+        blocked = order.blocked
+        if blocked is not None:
+            me = self.transport.rank
+            raise GroupAborted(
+                f"rank {me}: {operation} #{seq}: {blocked.message}", cause=blocked.cause, rank=me, operation=operation
+            )
+
+    def _fail(self, exc: FerrodistError, operation: str, seq: int) -> FerrodistError:
+        """The error call ``seq`` raises: with its context; the group aborted on every rank
+        (see ``_failure``)."""
+        if isinstance(exc, GroupAborted):
+            return exc
+        me = self.transport.rank
+        context = f"rank {me}: {operation} #{seq} on group {self.name} (group rank {self.rank} of {len(self.ranks)})"
+        error = _failure.framed(exc, context, me, operation)
+        self.order.block(_failure.blocked(error, self.name, seq))
+        return _failure.abort(self.transport, self.group_id, self.ranks, seq, error)
+
+    def _get_worker(self) -> Worker:
+        with self._worker_lock:
+            if self._worker is None:
+                self._worker = Worker(f"ferrodist-{self.name}-rank{self.transport.rank}")
+            return self._worker
