@@ -53,7 +53,8 @@ def census(transport: Transport, channel: int, me: int, members: Sequence[int], 
         time.sleep(0.01)
         heard = transport.notices(channel)
     silent = [rank for rank in others if rank not in heard]
-    behind = {rank: at for rank, at in heard.items() if at < seq}
+    behind = {rank: notice.seq for rank, notice in heard.items() if notice.seq < seq}
+    held = {rank: notice.earlier for rank, notice in heard.items() if notice.earlier}
     parts = []
     if silent:
         parts.append(
@@ -63,7 +64,9 @@ def census(transport: Transport, channel: int, me: int, members: Sequence[int], 
         )
     for rank, at in sorted(behind.items()):
         parts.append(f"rank {rank} was still in call #{at}")
-    if not parts:
+    for rank, earlier in sorted(held.items()):
+        parts.append(f"rank {rank} was held up by an earlier failure there: {earlier}")
+    if not silent and not behind and not held:
         parts.append(f"every rank reached call #{seq}, so a transfer inside it is stuck or too slow for the timeout")
     return "; ".join(parts), silent
 

@@ -75,9 +75,9 @@ class Runner:
         seq = self.order.issue()
 
         def run() -> None:
-            deadline = time.monotonic() + limit
             try:
-                self._enter(seq, deadline, operation)
+                self._enter(seq, limit, operation)
+                deadline = time.monotonic() + limit  # counted from the call's turn
                 call = Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq)
                 if self.debug:
                     check_agreement(call, shape)
@@ -101,11 +101,10 @@ class Runner:
             self.member(operation)  # raises
         order = self.order
         seq = order.issue()
-        deadline = time.monotonic() + self.timeout
         try:
             if order.turn != seq or order.blocked is not None:
-                self._enter(seq, deadline, operation)
-            run(deadline, seq)
+                self._enter(seq, self.timeout, operation)
+            run(time.monotonic() + self.timeout, seq)
         except FerrodistError as exc:
             raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
         finally:
@@ -119,10 +118,10 @@ class Runner:
             rank = self.member(operation)  # raises
         order = self.order
         seq = order.issue()
-        deadline = time.monotonic() + self.timeout
         try:
             if order.turn != seq or order.blocked is not None:
-                self._enter(seq, deadline, operation)
+                self._enter(seq, self.timeout, operation)
+            deadline = time.monotonic() + self.timeout
             body(Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq))
         except FerrodistError as exc:
             raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
@@ -154,11 +153,16 @@ class Runner:
     def _tag(self, seq: int) -> int:
         return collective_tag(self.group_id, seq)
 
-    def _enter(self, seq: int, deadline: float, operation: str) -> None:
-        """Wait for call ``seq``'s turn; raise ``GroupAborted`` if the group was aborted."""
+    def _enter(self, seq: int, limit: float, operation: str) -> None:
+        """Wait for call ``seq``'s turn; raise ``GroupAborted`` if the group was aborted.
+
+        The calls before it end within their own deadlines (or fail, which blocks the
+        group and wakes this wait), so the wait needs no deadline of its own: it has a
+        safety bound of ``limit`` for itself and for each call ahead of it."""
         order = self.order
         if order.turn != seq:
-            order.wait_turn(seq, deadline, f"{operation} #{seq} on group {self.name}")
+            bound = time.monotonic() + limit * (1 + max(0, seq - order.turn))
+            order.wait_turn(seq, bound, f"{operation} #{seq} on group {self.name}")
         blocked = order.blocked
         if blocked is not None:
             me = self.transport.rank

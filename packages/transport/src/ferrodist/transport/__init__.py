@@ -1,9 +1,10 @@
 """ferrodist.transport: moving bytes between ranks (the ``Transport`` protocol and its backends)."""
 
+from ._aborts import Notice
 from ._env import LaunchInfo, launch_info
 from ._faults import Faults
 from ._mpi import MpiCollectives, MpiTransport
-from ._protocol import DEFAULT_TIMEOUT, Request, Transport
+from ._protocol import DEFAULT_TIMEOUT, NativeCollectives, Request, Store, Transport
 from ._shm import ShmCollectives, ShmTransport
 from ._simulated import SimulatedTransport
 from ._store import StoreClient, StoreServer
@@ -15,10 +16,13 @@ __all__ = [
     "LaunchInfo",
     "MpiCollectives",
     "MpiTransport",
+    "NativeCollectives",
+    "Notice",
     "Request",
     "ShmCollectives",
     "ShmTransport",
     "SimulatedTransport",
+    "Store",
     "StoreClient",
     "StoreServer",
     "TcpTransport",

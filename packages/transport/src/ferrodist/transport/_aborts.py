@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import ferrodist.core as core
 from ferrodist.core import FerrodistError
 
-__all__ = ["CHANNEL_SHIFT", "Aborts", "channel_of", "decode_notice", "encode_notice"]
+__all__ = ["CHANNEL_SHIFT", "Aborts", "Notice", "channel_of", "decode_notice", "encode_notice"]
 
 CHANNEL_SHIFT = 32
 _CHANNEL_MASK = (1 << 31) - 1  # bit 63 of a tag is free for the collectives' own use
@@ -34,8 +34,17 @@ def channel_of(tag: int) -> int:
     return (tag >> CHANNEL_SHIFT) & _CHANNEL_MASK
 
 
-def encode_notice(seq: int, error: FerrodistError, origin: int) -> bytes:
-    """An abort notice: ``origin`` failed in call ``seq`` with ``error``."""
+class Notice(NamedTuple):
+    """What a peer's abort notice said: the call it was in, and the failure that held it up
+    first when that was another group's (so blame can follow it), else None."""
+
+    seq: int
+    earlier: str | None
+
+
+def encode_notice(seq: int, error: FerrodistError, origin: int, earlier: FerrodistError | None = None) -> bytes:
+    """An abort notice: ``origin`` failed in call ``seq`` with ``error`` (after ``earlier``,
+    a failure of another group, when there was one)."""
     attributes = {}
     for name in _ATTRIBUTES:
         value = getattr(error, name, None)
@@ -44,6 +53,8 @@ def encode_notice(seq: int, error: FerrodistError, origin: int) -> bytes:
         if value is not None:
             attributes[name] = value
     record = {"class": type(error).__name__, "message": error.message, "origin": origin, "seq": seq, **attributes}
+    if earlier is not None and earlier is not error:
+        record["earlier"] = earlier.message
     return json.dumps(record).encode()
 
 
@@ -68,6 +79,7 @@ def decode_notice(data: bytes, rank: int, peer: int) -> tuple[int, FerrodistErro
         setattr(error, name, tuple(value) if isinstance(value, list) else value)
     error.aborted_by = peer  # type: ignore[attr-defined]
     error.notice = message  # type: ignore[attr-defined]
+    error.earlier = record.get("earlier")  # type: ignore[attr-defined]
     return seq, error
 
 
@@ -78,12 +90,12 @@ class Aborts:
         self._lock = threading.Lock()
         self._errors: dict[int, FerrodistError] = {}
         self._notified: set[int] = set()
-        self._heard: dict[int, dict[int, int]] = {}
+        self._heard: dict[int, dict[int, Notice]] = {}
 
-    def first(self) -> FerrodistError | None:
-        """The first error that aborted any channel here, or None."""
+    def first(self, other_than: int | None = None) -> FerrodistError | None:
+        """The first error that aborted a channel here (other than ``other_than``), or None."""
         with self._lock:
-            return next(iter(self._errors.values()), None)
+            return next((e for c, e in self._errors.items() if c != other_than), None)
 
     def error(self, channel: int) -> FerrodistError | None:
         """The error that aborted ``channel``, or None (a dict lookup: cheap on hot paths)."""
@@ -103,12 +115,12 @@ class Aborts:
             return True
 
     def hear(self, channel: int, peer: int, seq: int, error: FerrodistError) -> None:
-        """``peer`` aborted ``channel`` in call ``seq``."""
+        """``peer`` aborted ``channel`` in call ``seq`` with ``error``."""
         with self._lock:
             self._errors.setdefault(channel, error)
-            self._heard.setdefault(channel, {})[peer] = seq
+            self._heard.setdefault(channel, {})[peer] = Notice(seq, getattr(error, "earlier", None))
 
-    def heard(self, channel: int) -> dict[int, int]:
-        """Peers that sent a notice for ``channel``, with the call each was in."""
+    def heard(self, channel: int) -> dict[int, Notice]:
+        """Peers that sent a notice for ``channel``: the call each was in, and its earlier failure."""
         with self._lock:
             return dict(self._heard.get(channel, {}))

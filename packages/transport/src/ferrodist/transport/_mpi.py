@@ -27,7 +27,7 @@ from ferrodist.core import (
     ReduceOp,
 )
 
-from ._aborts import Aborts, channel_of
+from ._aborts import Aborts, Notice, channel_of
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag
 from ._protocol import DEFAULT_TIMEOUT
 
@@ -237,7 +237,7 @@ class MpiTransport:
     def aborted(self, channel: int) -> FerrodistError | None:
         return self._aborts.error(channel)
 
-    def notices(self, channel: int) -> dict[int, int]:
+    def notices(self, channel: int) -> dict[int, Notice]:
         """Always empty: MPI ranks send no abort notices."""
         return {}
 

@@ -9,6 +9,8 @@ import numpy as np
 
 from ferrodist.core import DType, FerrodistError, ReduceOp
 
+from ._aborts import Notice
+
 __all__ = ["DEFAULT_TIMEOUT", "NativeCollectives", "Request", "Store", "Transport"]
 
 #: Seconds a blocking call waits when neither the call nor the transport says otherwise.
@@ -182,6 +184,7 @@ class Transport(Protocol):
         """The error ``channel`` was aborted with, here or by a peer's notice; None if it was not."""
         ...
 
-    def notices(self, channel: int) -> dict[int, int]:
-        """The peers whose notice for ``channel`` arrived, each with the call it was in."""
+    def notices(self, channel: int) -> dict[int, Notice]:
+        """The peers whose notice for ``channel`` arrived: the call each was in, and the
+        failure of another group that held it up first (or None)."""
         ...

@@ -15,7 +15,7 @@ from typing import Any
 
 from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
 
-from ._aborts import Aborts, channel_of, decode_notice, encode_notice
+from ._aborts import Aborts, Notice, channel_of, decode_notice, encode_notice
 from ._faults import Faults
 from ._matching import as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._memstore import MemoryStore
@@ -289,10 +289,11 @@ class SimulatedTransport:
     def abort(self, channel: int, error: FerrodistError, *, peers: Sequence[int], seq: int) -> None:
         """Abort ``channel`` here and on ``peers`` (see ``ferrodist.transport._aborts``)."""
         hub, me = self._hub, self._rank
+        earlier = hub.aborts[me].first(other_than=channel)
         hub.aborts[me].record(channel, error)
         hub.drop(me, channel)
         if hub.aborts[me].notify_once(channel):
-            notice = encode_notice(seq, error, me)
+            notice = encode_notice(seq, error, me, earlier)
             for peer in peers:
                 if peer != me and not hub.closed[peer]:
                     got_seq, copy = decode_notice(notice, peer, me)  # what a real wire would deliver
@@ -304,7 +305,7 @@ class SimulatedTransport:
         """The error ``channel`` was aborted with (here or by a peer's notice), or None."""
         return self._hub.aborts[self._rank].error(channel)
 
-    def notices(self, channel: int) -> dict[int, int]:
+    def notices(self, channel: int) -> dict[int, Notice]:
         """The peers that sent a notice for ``channel``, each with the call it was in."""
         return self._hub.aborts[self._rank].heard(channel)
 

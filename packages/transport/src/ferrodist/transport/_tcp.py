@@ -27,7 +27,7 @@ import numpy as np
 
 from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost, ProtocolError
 
-from ._aborts import Aborts, channel_of, decode_notice, encode_notice
+from ._aborts import Aborts, Notice, channel_of, decode_notice, encode_notice
 from ._auth import job_token
 from ._frames import ABORT, DATA, GOODBYE, HEADER, decode_header, encode_header
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
@@ -708,10 +708,11 @@ class TcpTransport:
     def abort(self, channel: int, error: FerrodistError, *, peers: Sequence[int], seq: int) -> None:
         """Abort ``channel`` here (see ``_aborts``) and send each of ``peers`` a notice, once
         per channel; a peer that does not take it within half a second is given up."""
+        earlier = self._aborts.first(other_than=channel)
         self._abort_here(channel, error)
         if not self._aborts.notify_once(channel):
             return
-        notice = np.frombuffer(encode_notice(seq, error, self._rank), np.uint8)
+        notice = np.frombuffer(encode_notice(seq, error, self._rank, earlier), np.uint8)
         for peer in peers:
             link = self._links.get(peer)
             if link is None or link.ended or peer in self._lost:
@@ -729,7 +730,7 @@ class TcpTransport:
         """The error ``channel`` was aborted with (here or by a peer's notice), or None."""
         return self._aborts.error(channel)
 
-    def notices(self, channel: int) -> dict[int, int]:
+    def notices(self, channel: int) -> dict[int, Notice]:
         """The peers that sent a notice for ``channel``, each with the call it was in."""
         return self._aborts.heard(channel)
 

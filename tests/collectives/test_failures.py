@@ -1,0 +1,95 @@
+"""Failure semantics on in-process worlds: the order of a group's calls, aborts that stay in
+their group, and blame that follows a rank held up by another group's failure."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ferrodist.collectives as dist
+from ferrodist.core import CollectiveTimeout, GroupAborted
+from ferrodist.testing import run_world
+
+
+def test_a_blocking_call_waits_for_the_async_calls_issued_before_it():
+    def rank_main():
+        rank = dist.get_rank()
+        results = []
+        for i in range(20):
+            a = np.full(50_000, float(rank + i))
+            b = np.full(7, float(10 * rank + i))
+            work = dist.all_reduce(a, async_op=True, algorithm="ring")
+            dist.all_reduce(b)  # issued second: it runs second on every rank
+            work.wait(10)
+            results.append((a[0], b[0]))
+        return results
+
+    for results in run_world(3, rank_main):
+        assert results == [(3.0 + 3 * i, 30.0 + 3 * i) for i in range(20)]
+
+
+def test_threads_on_their_own_groups_never_mix():
+    def rank_main():
+        rank, groups = dist.get_rank(), [dist.new_group(), dist.new_group()]
+        wrong = []
+
+        def work(which: int) -> None:
+            for i in range(30):
+                x = np.full(100, float(rank + 100 * which + i))
+                groups[which].all_reduce(x)
+                if x[0] != 1 + 200 * which + 2 * i:
+                    wrong.append((which, i, x[0]))
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return wrong
+
+    assert run_world(2, rank_main) == [[], []]
+
+
+def test_an_aborted_subgroup_leaves_the_world_working():
+    def rank_main():
+        pair = dist.new_group([0, 1])
+        if dist.get_rank() in (0, 1):
+            with pytest.raises(CollectiveTimeout):
+                # rank 1 calls barrier, rank 0 never does: the pair group aborts
+                if dist.get_rank() == 1:
+                    pair.barrier(timeout=0.3)
+                else:
+                    time.sleep(0.5)
+                    pair.barrier(timeout=2)
+            with pytest.raises(GroupAborted):
+                pair.all_reduce(np.ones(1))
+        x = np.ones(3)
+        dist.all_reduce(x, timeout=5)  # the world is untouched
+        return x[0]
+
+    assert run_world(3, rank_main) == [3.0, 3.0, 3.0]
+
+
+def test_a_rank_held_up_by_another_groups_failure_passes_the_blame_on():
+    def rank_main():
+        rank = dist.get_rank()
+        pair, other = dist.new_group([0, 1]), dist.new_group([0, 2])
+        if rank == 2:
+            time.sleep(3)  # never reaches its call on the other group in time
+            return None
+        if rank == 0:
+            with pytest.raises(CollectiveTimeout, match="no word from rank 2"):
+                other.all_reduce(np.ones(1), timeout=1.0)
+            with pytest.raises(CollectiveTimeout):
+                pair.all_reduce(np.ones(1), timeout=5)  # rank 1 gave it up meanwhile
+            return None
+        with pytest.raises(CollectiveTimeout) as caught:
+            pair.all_reduce(np.ones(1), timeout=1.2)  # rank 0 is stuck in the other group's call
+        return str(caught.value)
+
+    message = run_world(3, rank_main, timeout=10)[1]
+    assert "rank 0 was held up by an earlier failure there" in message
+    assert "no word from rank 2" in message
