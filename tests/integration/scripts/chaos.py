@@ -180,6 +180,12 @@ def main() -> None:
     outdir = Path(sys.argv[2])
     dist.init_process_group(spec["backend"], timeout=spec["timeout"])
     (outdir / f"pid{dist.get_rank()}").write_text(str(os.getpid()))
+    # Warm up (load the compiled loops, first connections) under a long timeout, so that a
+    # loaded machine's slow first call is not taken for a fault.
+    for dtype in ("float32", "float64", "int32"):
+        for n in (1, 300_000):
+            dist.all_reduce(np.ones(n, dtype), timeout=60)
+    dist.barrier(timeout=60)
     Rank(spec, outdir).run()
     dist.destroy_process_group()
 
