@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PACKAGES := core transport collectives testing launch gpu nccl
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test chaos bench lint clean
 
 $(STAMP): Makefile pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python tools/check_layers.py
 	FERRODIST_REQUIRE_MPI=1 PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+# The long chaos run: 500 random schedules of collectives under random faults (make test runs 24).
+chaos: $(STAMP)
+	FERRODIST_CHAOS_SCHEDULES=$${FERRODIST_CHAOS_SCHEDULES:-500} PATH="$(CURDIR)/$(BIN):$$PATH" \
+		$(BIN)/python -m pytest -q -s tests/integration/test_chaos.py
 
 bench: $(STAMP)
 	mkdir -p .benchmarks

@@ -168,6 +168,7 @@ def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
     for rank in range(schedule["ranks"]):
         log = outdir / f"rank{rank}.jsonl"
         entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+        entries.sort(key=lambda entry: entry["i"])  # in call order (async calls are logged as they end)
         # Every call must be accounted for, but the killed rank's, and the others' when the
         # launcher stops the job after a rank died (as it should).
         ended = fault["kind"] in ("kill", "raise")
@@ -192,7 +193,8 @@ def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
                 if entry["seconds"] > limit:
                     violations.append(f"{where}: raised after {entry['seconds']} s (limit {limit:g} s)")
         if victim is not None and rank != victim and first_error is not None:
-            if f"rank {victim}" not in first_error["message"]:
+            blamed = first_error.get("blamed", [])
+            if victim not in blamed and f"rank {victim}" not in first_error["message"]:
                 violations.append(
                     f"seed {seed}: rank {rank}'s first error does not name rank {victim} ({fault['kind']}): "
                     f"{first_error['message']}"

@@ -53,8 +53,12 @@ def test_concurrent_and_async_calls_never_mix(mode, backend):
 
 
 @pytest.mark.parametrize("backend", ["shm", "tcp"])
-def test_a_rank_stopped_past_the_deadline_aborts_the_group_instead_of_leaving_it_out_of_step(tmp_path, backend):
-    done = launch("-n", "3", str(SCRIPTS / "observations.py"), "stop", str(tmp_path), backend)
+@pytest.mark.parametrize("stopped", [1, 0], ids=["rank-1", "rank-0-the-store-host"])
+def test_a_rank_stopped_past_the_deadline_aborts_the_group_instead_of_leaving_it_out_of_step(
+    tmp_path, backend, stopped
+):
+    mode = "stop0" if stopped == 0 else "stop"
+    done = launch("-n", "3", str(SCRIPTS / "observations.py"), mode, str(tmp_path), backend)
     assert done.returncode == 0, done.stdout + done.stderr
     for rank, entries in logs(tmp_path).items():
         assert len(entries) == 30
@@ -65,11 +69,11 @@ def test_a_rank_stopped_past_the_deadline_aborts_the_group_instead_of_leaving_it
         # Once a call failed, every later call on the group fails at once, on every rank.
         assert [e["i"] for e in failed] == list(range(first["i"], 30)), entries
         assert all(e["class"] == "GroupAborted" and e["seconds"] < 0.5 for e in failed[1:])
-        if rank != 1:
+        if rank != stopped:
             assert first["class"] == "CollectiveTimeout", first
-            assert first["waiting_for"] == [1], first  # the stopped rank, named by its silence
-            assert "no word from rank 1" in first["message"]
-            assert first["seconds"] < 2 + 1.0  # the deadline plus the stated slack
+            assert first["waiting_for"] == [stopped], first  # the stopped rank, named by its silence
+            assert f"no word from rank {stopped}" in first["message"]
+            assert first["seconds"] < 2 + 1.0  # the deadline plus the stated slack, even without the store
         else:  # woken up: its call was given up by the others; it is told so
             assert first["class"] in ("CollectiveTimeout", "GroupAborted"), first
 

@@ -143,7 +143,7 @@ class Rank:
             try:
                 issued = self.issue(i, call)
             except FerrodistError as exc:
-                self.record(i, call, "error", started, cls=type(exc).__name__, message=str(exc)[:400])
+                self.failed(i, call, started, exc)
                 continue
             if issued is None:
                 continue
@@ -161,10 +161,16 @@ class Rank:
             try:
                 work.wait()
             except FerrodistError as exc:
-                self.record(i, call, "error", started, cls=type(exc).__name__, message=str(exc)[:400])
+                self.failed(i, call, started, exc)
                 continue
             self.verify(i, call, check, started)
         pending.clear()
+
+    def failed(self, i: int, call: dict[str, Any], started: float, exc: FerrodistError) -> None:
+        blamed = list(getattr(exc, "waiting_for", ()))
+        if getattr(exc, "peer", None) is not None:
+            blamed.append(exc.peer)  # type: ignore[attr-defined]
+        self.record(i, call, "error", started, cls=type(exc).__name__, message=str(exc)[:600], blamed=blamed)
 
     def verify(self, i: int, call: dict[str, Any], check: Any, started: float) -> None:
         if check is not None:

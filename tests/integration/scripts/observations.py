@@ -4,6 +4,7 @@
 
 MODE stop:       30 all_reduces (timeout 2 s); in call 5 rank 1 is stopped (SIGSTOP) for
                  4 s, then woken, and goes on calling like the others.
+MODE stop0:      the same with rank 0, the host of the job's store, stopped.
 MODE roots-OP:   every rank calls OP (broadcast, reduce, gather, scatter) naming itself
                  as the root.
 MODE barrier:    rank 0 calls barrier while the others call all_reduce.
@@ -51,9 +52,10 @@ def main() -> None:
         entry["seconds"] = round(time.monotonic() - started, 3)
         log.write(json.dumps(entry) + "\n")
 
-    if mode in ("stop", "kill"):
+    if mode in ("stop", "stop0", "kill"):
+        stopped = 0 if mode == "stop0" else 1
         for i in range(30):
-            if i == 5 and mode == "stop" and rank == 1:
+            if i == 5 and mode.startswith("stop") and rank == stopped:
                 subprocess.Popen(["sh", "-c", f"sleep 4; kill -CONT {os.getpid()}"], start_new_session=True)
                 threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGSTOP)).start()
             if i == 5 and mode == "kill" and rank == 2:

@@ -177,9 +177,13 @@ class Runner:
             return exc
         me = self.transport.rank
         context = f"rank {me}: {operation} #{seq} on group {self.name} (group rank {self.rank} of {len(self.ranks)})"
-        error = _failure.framed(exc, context, me, operation)
+        error = _failure.abort(
+            self.transport, self.group_id, self.ranks, seq, _failure.framed(exc, context, me, operation)
+        )
+        # Blocked after the census (no later call of the group runs before this one is done),
+        # so that ``GroupAborted`` names the culprits the census found.
         self.order.block(_failure.blocked(error, self.name, seq))
-        return _failure.abort(self.transport, self.group_id, self.ranks, seq, error)
+        return error
 
     def _get_worker(self) -> Worker:
         with self._worker_lock:
