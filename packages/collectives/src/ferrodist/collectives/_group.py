@@ -36,6 +36,7 @@ from ._census import absent_ranks
 from ._checks import Checker, flats, split_equally
 from ._debug import check_agreement
 from ._fingerprint import describe, fingerprint
+from ._record import record_failure
 from ._select import all_reduce_algorithm
 from ._work import RequestWork, Work, Worker
 
@@ -229,6 +230,7 @@ class ProcessGroup:
                     f"{framed.message}; every rank reached call #{seq}, so a transfer inside it is "
                     "stuck or too slow for the timeout",
                 )
+        record_failure(framed)  # for the launcher: this rank's own error, or another rank's
         return framed
 
     def _limit(self, timeout: float | None, operation: str) -> float:
