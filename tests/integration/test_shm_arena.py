@@ -117,3 +117,19 @@ def test_ranks_started_by_hand_share_the_arena_and_leave_nothing(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert "rank 0 ok" in outputs[0] and "rank 1 ok" in outputs[1]
     assert ferrodist_files() <= before
+
+
+def test_a_rank_killed_before_it_mapped_the_arena_is_named_by_rank_0_at_once(tmp_path):
+    before = ferrodist_files()
+    procs = start_ranks("pause-before-attach", tmp_path)
+    wait_for(tmp_path / "published", procs)
+    procs[1].send_signal(signal.SIGKILL)
+    procs[1].wait(10)
+    killed_at = time.time()
+    outputs = finish(procs)
+    assert procs[0].returncode == 1, outputs
+    error = json.loads((tmp_path / "error0.json").read_text())
+    assert error["class"] == "PeerLost" and error["peer"] == 1, error
+    assert "rank 1" in error["message"] and "shared-memory arena" in error["message"], error
+    assert (tmp_path / "error0.json").stat().st_mtime - killed_at < 5  # not its 20 s timeout
+    assert ferrodist_files() <= before
