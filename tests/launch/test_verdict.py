@@ -149,3 +149,13 @@ def test_no_variable_no_file_and_a_broken_file_is_no_record(tmp_path, monkeypatc
     for text in ('{"error": "PeerLo', "[]", '{"blames": [1]}', '{"error": "PeerLost", "blames": ["x"]}'):
         (tmp_path / "bad.json").write_text(text)
         assert read_error(str(tmp_path / "bad.json")) is None
+
+
+def test_several_ranks_can_be_to_blame():
+    ends = [RankEnd(0, 1, 0, error=lost(1, 2)), RankEnd(1, 0, 1), RankEnd(2, -TERM, 2, stopped=TERM)]
+    verdict = diagnose(ends)
+    assert verdict.culprits == (1, 2) and verdict.exit_code == 1
+    assert verdict.summary == (
+        "ferrodist run: ranks [1, 2] were lost: ranks [0] lost their connection to them (rank 1 exited with "
+        "code 0; rank 2 was still running when the launcher stopped it); stopped by the launcher: ranks [2]"
+    )

@@ -114,6 +114,7 @@ def run(
     lock = threading.Lock()
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
+    setup = _die_with(os.getpid())
     signals = _Signals()  # before the first rank starts: a signal from now on stops the job
     try:
         for rank in range(nprocs):
@@ -132,7 +133,7 @@ def run(
                 PYTHONUNBUFFERED="1",
             )
             try:
-                procs.append(_start(argv, env))
+                procs.append(_start(argv, env, setup))
             except OSError as exc:
                 raise _invalid(f"ferrodist run: cannot start {argv[0]!r}: {exc.strerror}") from None
         for rank, proc in enumerate(procs):  # after the forks: no thread of ours runs during one
@@ -192,15 +193,10 @@ def _invalid(message: str) -> Exception:
     return errors.InvalidArgument(message)  # type: ignore[no-any-return]
 
 
-def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """One rank, in its own process group, set to die with this thread."""
+def _start(argv: list[str], env: dict[str, str], setup: Callable[[], None] | None) -> subprocess.Popen[bytes]:
+    """One rank, in its own process group, running ``setup`` (``_die_with``) before exec."""
     return subprocess.Popen(
-        argv,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=_die_with(os.getpid()),
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=setup
     )
 
 
@@ -276,7 +272,7 @@ class _Watch:
                 break
         else:
             return
-        self._close_pidfds()  # some but not all: poll them all
+        self.close()  # some but not all: poll them all
 
     def order(self, rank: int) -> int:
         return self.exited.index(rank) if rank in self.exited else len(self.exited)
@@ -332,7 +328,8 @@ class _Watch:
                     os.close(fd)
         return found
 
-    def _close_pidfds(self) -> None:
+    def close(self) -> None:
+        """Close the pidfds of the ranks still running (the supervisor is done)."""
         for fd in self._pidfds.values():
             os.close(fd)
         self._pidfds.clear()
@@ -360,7 +357,7 @@ def _supervise(watch: _Watch, grace: float) -> int | None:
                 proc.wait(10)
         watch.wait(time.monotonic())
     finally:
-        watch._close_pidfds()
+        watch.close()
     return interrupted
 
 

@@ -164,14 +164,14 @@ def _blamed(ends: Sequence[RankEnd], reporters: set[int], by_rank: dict[int, Ran
         return (), ""
     accusers = [e for e in ends if set(e.blames) & set(blamed)]
     names = {e.error.name for e in accusers if e.error}
+    one = len(blamed) == 1
     if names == {"CollectiveTimeout"}:
         what, how = "never arrived", "timed out waiting for"
     elif names == {"PeerLost"}:
-        what, how = "was lost", "lost their connection to"
+        what, how = "was lost" if one else "were lost", "lost their connection to"
     else:
-        what, how = "was missing", "failed waiting for"
-    who = f"rank {blamed[0]}" if len(blamed) == 1 else f"ranks {blamed}"
-    them = "it" if len(blamed) == 1 else "them"
+        what, how = "was missing" if one else "were missing", "failed waiting for"
+    who, them = (f"rank {blamed[0]}", "it") if one else (f"ranks {blamed}", "them")
     fates = []
     for rank in blamed:
         end = by_rank[rank]
