@@ -100,6 +100,8 @@ def test_kill_9_mid_all_reduce_makes_survivors_raise_peer_lost_at_once(tmp_path,
 def test_a_rank_that_skips_a_collective_is_named_by_every_rank_that_waited(tmp_path, backend):
     done, errors = run_fault("skip", tmp_path, backend)
     assert done.returncode == 1
+    # The launcher blames the rank that never came, not the first rank that timed out.
+    assert "ferrodist run: rank 2 never arrived: ranks [0, 1] timed out waiting for it" in done.stdout
     assert sorted(errors) == [0, 1]
     for error in errors.values():
         assert error["class"] == "CollectiveTimeout"

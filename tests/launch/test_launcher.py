@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import signal
 import subprocess
 import sys
@@ -63,7 +64,8 @@ def test_the_first_failure_stops_the_others_and_is_named(tmp_path):
     assert time.monotonic() - start < 10
     assert result.exit_code == 7 and result.failed_rank == 2
     assert result.returncodes[0] == result.returncodes[1] == -signal.SIGTERM
-    assert "ferrodist run: rank 2 exited with code 7; stopped ranks [0, 1]" in out.getvalue().decode()
+    assert result.stopped == (0, 1)
+    assert "ferrodist run: rank 2 exited with code 7; stopped by the launcher: ranks [0, 1]" in out.getvalue().decode()
 
 
 def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
@@ -128,7 +130,7 @@ def test_sigterm_to_the_launcher_reaches_the_ranks(tmp_path):
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(15) == 128 + signal.SIGTERM
     with launcher.stdout:
-        assert "was killed by SIGTERM" in launcher.stdout.read()
+        assert "ferrodist run: interrupted by SIGTERM, passed on to ranks [0, 1]\n" in launcher.stdout.read()
 
 
 def test_console_script_and_module_agree_on_usage_errors(tmp_path):
@@ -146,3 +148,146 @@ def test_output_without_a_trailing_newline_and_arguments_pass_through(tmp_path):
     out = io.BytesIO()
     assert run(1, [job, "--flag", "value with spaces"], out=out).exit_code == 0
     assert out.getvalue() == b"[rank 0] --flag value with spaces\n"
+
+
+def start_launcher(tmp_path, body: str, *options: str, ranks: int = 2) -> tuple[subprocess.Popen[str], list[int]]:
+    """``ferrodist run`` as a process of its own, once every rank has written its pid."""
+    job = script(
+        tmp_path,
+        "import os, signal, sys, time\n"
+        f"with open(os.path.join({str(tmp_path)!r}, 'pid' + os.environ['RANK']), 'w') as f:\n"
+        "    f.write(str(os.getpid()))\n" + textwrap.dedent(body),
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "ferrodist.launch", "run", "-n", str(ranks), *options, job],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    give_up = time.monotonic() + 20
+    files = [tmp_path / f"pid{rank}" for rank in range(ranks)]
+    while not all(f.exists() and f.read_text() for f in files):
+        if time.monotonic() > give_up or launcher.poll() is not None:
+            launcher.kill()
+            pytest.fail(f"the ranks never started: {launcher.communicate()[0]}")
+        time.sleep(0.02)
+    return launcher, [int(f.read_text()) for f in files]
+
+
+def gone(pids: list[int], seconds: float) -> bool:
+    """True if every pid is gone within ``seconds``; else kills the survivors and says False."""
+    give_up = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids) and time.monotonic() < give_up:
+        time.sleep(0.02)
+    survivors = [pid for pid in pids if alive(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    return not survivors
+
+
+def test_no_rank_outlives_a_launcher_killed_with_sigkill(tmp_path):
+    launcher, pids = start_launcher(tmp_path, "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n")
+    launcher.kill()
+    launcher.communicate(timeout=10)
+    assert gone(pids, 5), "ranks outlived their launcher"
+
+
+def test_a_rank_that_ignores_sigint_is_killed_grace_seconds_after_the_launcher_passed_it_on(tmp_path):
+    launcher, pids = start_launcher(
+        tmp_path, "if os.environ['RANK'] == '1':\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)\n"
+    )
+    start = time.monotonic()
+    launcher.send_signal(signal.SIGINT)
+    out = launcher.communicate(timeout=20)[0]
+    assert launcher.returncode == 128 + signal.SIGINT
+    assert 3 <= time.monotonic() - start < 10  # the default grace of 3 s, then SIGKILL
+    assert "ferrodist run: interrupted by SIGINT, passed on to ranks [0, 1] " in out
+    assert "(ranks [1] did not stop and got SIGKILL)" in out
+    assert gone(pids, 1)
+
+
+def test_a_second_signal_to_the_launcher_kills_the_ranks_at_once(tmp_path):
+    launcher, pids = start_launcher(
+        tmp_path, "signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)\n", "--grace", "30"
+    )
+    start = time.monotonic()
+    launcher.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    launcher.send_signal(signal.SIGINT)
+    out = launcher.communicate(timeout=20)[0]
+    assert time.monotonic() - start < 10 and launcher.returncode == 128 + signal.SIGINT
+    assert "(ranks [0, 1] did not stop and got SIGKILL)" in out
+    assert gone(pids, 1)
+
+
+def test_a_reporter_that_exits_first_is_not_blamed(tmp_path):
+    # Rank 0 reports (in its error file, as ferrodist does) that it lost rank 1, and exits
+    # first; rank 1 hangs. The summary blames rank 1, which the launcher had to stop.
+    job = script(
+        tmp_path,
+        """
+        import json, os, sys, time
+        if os.environ["RANK"] == "0":
+            with open(os.environ["FERRODIST_ERROR_FILE"], "w") as f:
+                json.dump({"error": "PeerLost", "blames": [1], "message": "rank 0: lost rank 1"}, f)
+            sys.exit(1)
+        time.sleep(60)
+        """,
+    )
+    out = io.BytesIO()
+    result = run(3, [job], out=out, grace=1)
+    assert result.failed_rank == 1 and result.exit_code == 1 and result.stopped == (1, 2)
+    assert (
+        out.getvalue()
+        .decode()
+        .endswith(
+            "ferrodist run: rank 1 was lost: ranks [0] lost their connection to it "
+            "(rank 1 was still running when the launcher stopped it); stopped by the launcher: ranks [1, 2]\n"
+        )
+    )
+
+
+def test_a_rank_that_exited_before_the_failure_is_not_listed_as_stopped(tmp_path):
+    job = script(
+        tmp_path,
+        """
+        import os, sys, time
+        rank = os.environ["RANK"]
+        if rank == "0":
+            sys.exit(0)
+        if rank == "1":
+            time.sleep(0.3)
+            raise SystemExit(4)
+        time.sleep(60)
+        """,
+    )
+    out = io.BytesIO()
+    result = run(3, [job], out=out, grace=1)
+    assert result.failed_rank == 1 and result.exit_code == 4 and result.stopped == (2,)
+    assert "ferrodist run: rank 1 exited with code 4; stopped by the launcher: ranks [2]\n" in out.getvalue().decode()
+
+
+def test_a_frozen_rank_is_named_by_the_ranks_that_timed_out_waiting_for_it(tmp_path):
+    job = script(
+        tmp_path,
+        """
+        import time
+        import numpy as np
+        import ferrodist.collectives as dist
+        dist.init_process_group("tcp", timeout=20)
+        if dist.get_rank() == 2:
+            time.sleep(60)  # frozen: never reaches the all_reduce
+        dist.all_reduce(np.ones(4), timeout=1)
+        """,
+    )
+    out = io.BytesIO()
+    result = run(3, [job], out=out, grace=1)
+    summary = out.getvalue().decode().splitlines()[-1]
+    assert result.failed_rank == 2 and result.exit_code == 1 and 2 in result.stopped, summary
+    assert summary.startswith("ferrodist run: rank 2 never arrived: ranks [0") and "timed out waiting for it" in summary
+    assert "(rank 2 was still running when the launcher stopped it)" in summary
+
+
+def test_grace_must_be_a_number_of_seconds(tmp_path):
+    with pytest.raises(InvalidArgument, match="--grace"):
+        run(1, ["x.py"], grace=-1)
+    assert main(["run", "-n", "1", "--grace", "nan", str(tmp_path / "x.py")]) == 2

@@ -19,6 +19,7 @@ from . import _failure
 from ._call import Call, Scratch, collective_tag
 from ._debug import check_agreement
 from ._order import CallOrder
+from ._record import record_failure
 from ._work import Work, Worker
 
 Body = Callable[[Call], None]
@@ -183,6 +184,7 @@ class Runner:
         # Blocked after the census (no later call of the group runs before this one is done),
         # so that ``GroupAborted`` names the culprits the census found.
         self.order.block(_failure.blocked(error, self.name, seq))
+        record_failure(error)  # for the launcher: this rank's own error, or another rank's
         return error
 
     def _get_worker(self) -> Worker:

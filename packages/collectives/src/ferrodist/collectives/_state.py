@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from ferrodist.core import InvalidArgument, InvalidRank, NotInitialized
+from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, NotInitialized
 from ferrodist.transport import DEFAULT_TIMEOUT, SimulatedTransport, Transport
 
 from ._backends import make_transport
 from ._debug import enabled_by_environment
 from ._group import ProcessGroup
+from ._record import record_failure
 
 _thread_default = threading.local()
 _process_default: list[ProcessGroup] = []  # zero or one element; a list so it can be cleared in place
@@ -88,7 +89,11 @@ def init_process_group(
     # its own default group. A world this call builds itself belongs to the whole process.
     threaded = isinstance(transport, SimulatedTransport)
     if transport is None:
-        transport = make_transport(backend, init_method, rank, world_size, timeout)
+        try:
+            transport = make_transport(backend, init_method, rank, world_size, timeout)
+        except FerrodistError as exc:
+            record_failure(exc)  # for the launcher: a peer that never arrived, or this rank's own error
+            raise
     elif backend not in ("simulated", "auto"):
         raise InvalidArgument(f"init_process_group: pass either backend={backend!r} or transport=, not both")
     if rank is not None and rank != transport.rank:

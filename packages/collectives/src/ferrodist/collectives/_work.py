@@ -10,6 +10,8 @@ from collections.abc import Callable
 from ferrodist.core import CollectiveTimeout, FerrodistError
 from ferrodist.transport import Request
 
+from ._record import record_failure
+
 
 class Work:
     """The handle an ``async_op=True`` call returns.
@@ -73,6 +75,7 @@ class RequestWork(Work):
                 error = exc.with_context(self._context)
                 if not isinstance(exc, CollectiveTimeout):  # a timeout of wait() may be retried
                     self._finish(error)
+                record_failure(error)
                 raise error from None
             self._finish(None)
         super().wait(0)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from ._bench import OPS, REFERENCES, BenchSpec, machine, startup, sweep
 from ._report import plot, table, write_json
-from ._run import run
+from ._run import DEFAULT_GRACE, run
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -17,13 +17,19 @@ def _parser() -> argparse.ArgumentParser:
     start = commands.add_parser(
         "run",
         help="run a script as N ranks on this machine",
-        description="Start N ranks of SCRIPT, prefix their output with [rank k], and stop the job "
-        "(non-zero exit) as soon as one rank fails.",
+        description="Start N ranks of SCRIPT, prefix their output with [rank k], stop the job "
+        "(non-zero exit) as soon as one rank fails, and name the rank to blame. The ranks die with the launcher.",
     )
     start.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
     start.add_argument("--master-addr", default="127.0.0.1", help="address of rank 0's store (default 127.0.0.1)")
     start.add_argument("--master-port", type=int, default=None, help="port of rank 0's store (default: a free one)")
-    start.add_argument("--grace", type=float, default=3.0, help="seconds between SIGTERM and SIGKILL on failure")
+    start.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE,
+        help="seconds the ranks get to stop, after a rank failed (SIGTERM) or the launcher was interrupted "
+        f"(SIGINT, SIGTERM or SIGHUP, passed on), before SIGKILL (default {DEFAULT_GRACE:g})",
+    )
     start.add_argument("script", help="a .py file (run with this Python) or any command")
     start.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     bench = commands.add_parser(

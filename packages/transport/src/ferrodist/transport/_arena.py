@@ -1,8 +1,7 @@
 """The shared-memory arena of a single-host job: control words and data slots.
 
-One segment per job, created by rank 0 in ``/dev/shm``, attached by every rank, and
-unlinked by rank 0 as soon as all ranks have it mapped, so nothing is left behind even
-if a rank is killed later. Layout:
+One segment per job (see ``_segment``: an anonymous memfd of rank 0, so nothing is left
+behind whenever a rank is killed), made by rank 0 and mapped by every rank. Layout:
 
     control   world x 8 counters, each alone on a 64-byte line (no false sharing);
               next to each counter, the "sleeping" flag of its owner; the CALL and
@@ -67,22 +66,16 @@ class Arena:
         return world * COUNTERS * LINE + world * slots * chunk
 
     @classmethod
-    def create(cls, path: str, rank: int, world: int, chunk: int, slots: int) -> Arena:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
+    def create(cls, fd: int, rank: int, world: int, chunk: int, slots: int) -> Arena:
+        """Map the new, zero-filled segment ``fd`` (rank 0; the caller keeps ``fd``)."""
+        if os.fstat(fd).st_size != cls.size(world, chunk, slots):
             os.ftruncate(fd, cls.size(world, chunk, slots))
-            mapping = mmap.mmap(fd, cls.size(world, chunk, slots))
-        finally:
-            os.close(fd)
-        return cls(mapping, rank, world, chunk, slots)
+        return cls.attach(fd, rank, world, chunk, slots)
 
     @classmethod
-    def attach(cls, path: str, rank: int, world: int, chunk: int, slots: int) -> Arena:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            mapping = mmap.mmap(fd, cls.size(world, chunk, slots))
-        finally:
-            os.close(fd)
+    def attach(cls, fd: int, rank: int, world: int, chunk: int, slots: int) -> Arena:
+        """Map the segment ``fd`` that rank 0 made (the caller keeps ``fd``)."""
+        mapping = mmap.mmap(fd, cls.size(world, chunk, slots))
         return cls(mapping, rank, world, chunk, slots)
 
     def close(self) -> None:

@@ -10,7 +10,6 @@ and the reductions read all ranks' slots in one fused pass.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -18,12 +17,22 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import BackendUnavailable, DType, InvalidArgument, ReduceOp, reducer
+from ferrodist.core import (
+    BackendUnavailable,
+    CollectiveTimeout,
+    DType,
+    FerrodistError,
+    InvalidArgument,
+    PeerLost,
+    ReduceOp,
+    reducer,
+)
 from ferrodist.core._reduce import half_opcode, pairwise_opcode
 
 from . import _chunks
 from ._arena import COPIED, GATHERED, Arena
 from ._protocol import DEFAULT_TIMEOUT
+from ._segment import SegmentGone, create_segment, open_segment
 from ._tcp import TcpTransport
 
 __all__ = ["ShmCollectives", "ShmTransport"]
@@ -35,12 +44,6 @@ DEFAULT_SLOTS = 2
 #: all_reduce moves at most this many bytes (size x ranks) the one-sync way, in which every
 #: rank reduces everything; above it the pipeline (each rank reduces 1/p) is faster here.
 SMALL_ALL_REDUCE = 32 << 10
-SHM_DIR = "/dev/shm"
-
-
-def job_id() -> str:
-    """The launcher's job id (names shared-memory files so it can clean them up)."""
-    return os.environ.get("FERRODIST_JOB_ID") or secrets.token_hex(6)
 
 
 def _split(count: int, parts: int) -> list[tuple[int, int]]:
@@ -419,6 +422,13 @@ class ShmTransport(TcpTransport):
         return self
 
     def _open_arena(self, chunk: int, slots: int, deadline: float) -> Arena:
+        """Rank 0 makes the arena's segment (see ``_segment``) and holds it until every rank
+        has mapped it; the others open it by the address rank 0 publishes in the store.
+
+        Nothing is left behind whatever rank is killed, and when: the segment has no name
+        (or, without memfd, loses it once mapped everywhere). A rank 0 that dies before a
+        rank has mapped the arena makes that rank raise ``PeerLost`` naming rank 0.
+        """
         store, rank, world = self.store, self.rank, self.world_size
         host = f"{socket.gethostname()}/{_boot_id()}"
         store.set(f"ferrodist/shm/host/{rank}", host)
@@ -429,19 +439,78 @@ class ShmTransport(TcpTransport):
                 "use backend='tcp' (or 'auto')"
             )
         if rank == 0:
-            path = os.path.join(SHM_DIR, f"ferrodist-{job_id()}-{secrets.token_hex(4)}")
-            arena = Arena.create(path, rank, world, chunk, slots)
-            store.set("ferrodist/shm/path", path)
-        else:
-            path = store.get("ferrodist/shm/path", timeout=_left(deadline)).decode()
-            arena = Arena.attach(path, rank, world, chunk, slots)
-        store.set(f"ferrodist/shm/attached/{rank}", b"")
-        if rank == 0:
+            segment = create_segment(Arena.size(world, chunk, slots))
             try:
-                store.wait([f"ferrodist/shm/attached/{r}" for r in range(world)], timeout=_left(deadline))
+                arena = Arena.create(segment.fd, rank, world, chunk, slots)
+                try:
+                    store.set("ferrodist/shm/segment", segment.address)
+                    self._wait_attached(deadline)
+                except BaseException:
+                    arena.close()
+                    raise
             finally:
-                os.unlink(path)  # every rank has it mapped: nothing can leak from here on
+                segment.release()  # every rank has it mapped (or the job failed): no name, no descriptor left
+            return arena
+        what = f"rank {rank}: waiting for rank 0's shared-memory arena"
+        try:
+            address = store.get("ferrodist/shm/segment", timeout=_left(deadline)).decode()
+        except PeerLost as exc:
+            raise exc.with_context(f"{what} (rank 0 is gone; see its output for why)", rank=rank) from None
+        except CollectiveTimeout:
+            raise CollectiveTimeout(
+                f"{what}: rank 0 did not make it within the timeout", rank=rank, waiting_for=(0,)
+            ) from None
+        try:
+            fd = open_segment(address, Arena.size(world, chunk, slots))
+        except SegmentGone as exc:
+            raise self._creator_lost(what, str(exc), deadline) from None
+        try:
+            arena = Arena.attach(fd, rank, world, chunk, slots)
+        finally:
+            os.close(fd)
+        store.set(f"ferrodist/shm/attached/{rank}", b"")
         return arena
+
+    def _wait_attached(self, deadline: float) -> None:
+        """Rank 0: return once every other rank has mapped the arena; raise as soon as one
+        is lost, or at the deadline naming the ranks that did not map it."""
+        store, world = self.store, self.world_size
+        keys = [f"ferrodist/shm/attached/{r}" for r in range(1, world)]
+        while keys:
+            try:
+                store.wait(keys, timeout=min(_left(deadline), 0.1))
+                return
+            except CollectiveTimeout:
+                pass
+            for error in list(self._lost.values()):
+                raise error.with_context("rank 0: a rank was lost before it mapped the shared-memory arena")
+            if _left(deadline) <= 0:
+                late = [r for r in range(1, world) if not store.check([f"ferrodist/shm/attached/{r}"])]
+                raise CollectiveTimeout(
+                    f"rank 0: ranks {late} did not map the shared-memory arena within the timeout",
+                    rank=0,
+                    waiting_for=tuple(late),
+                )
+
+    def _creator_lost(self, what: str, why: str, deadline: float) -> FerrodistError:
+        """The error for a segment rank 0 no longer holds: ``PeerLost`` if rank 0 is gone
+        (its store stops answering within a second), else ``BackendUnavailable``."""
+        give_up = min(deadline, time.monotonic() + 1.0)
+        try:
+            while time.monotonic() < give_up:
+                self.store.check(["ferrodist/shm/segment"])
+                time.sleep(0.02)
+        except PeerLost:
+            return PeerLost(
+                f"{what}: rank 0 died before this rank could map the arena ({why}); see rank 0's output for why",
+                peer=0,
+                rank=self.rank,
+            )
+        return BackendUnavailable(
+            f"{what}: rank 0 runs but its arena cannot be opened ({why}): rank 0 gave up waiting, or the ranks "
+            "run in different PID namespaces (containers); set FERRODIST_SHM_MEMFD=0 or use backend='tcp'",
+            rank=self.rank,
+        )
 
     def native_collectives(self, ranks: Sequence[int], channel: int) -> ShmCollectives | None:
         """The arena's collectives, for the first group over the whole world that asks (the
