@@ -57,7 +57,7 @@ def test_a_rank_that_never_arrives_is_named_by_the_census():
     for rank in (0, 1):
         assert isinstance(results[rank], CollectiveTimeout)
         assert results[rank].waiting_for == (2,)
-        assert "no word from rank 2: it never reached call #0" in str(results[rank])
+        assert "rank 2 never reached call #0 (it had made no call on this group yet)" in str(results[rank])
 
 
 @pytest.mark.parametrize(

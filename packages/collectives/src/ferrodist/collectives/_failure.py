@@ -45,7 +45,9 @@ def framed(exc: FerrodistError, context: str, rank: int, operation: str) -> Ferr
 
 def census(transport: Transport, channel: int, me: int, members: Sequence[int], seq: int) -> tuple[str, list[int]]:
     """Listen up to ``GRACE`` seconds for the other members' notices; what they tell about
-    call ``seq``, as a clause for the timeout's message, and the silent members."""
+    call ``seq``, as a clause for the timeout's message, and the members to blame: the
+    silent ones and those that had not reached the call (their notice says where they were:
+    a rank between calls answers at once, see ``Runner._respond``)."""
     others = [rank for rank in members if rank != me]
     deadline = time.monotonic() + GRACE
     heard = transport.notices(channel)
@@ -53,7 +55,7 @@ def census(transport: Transport, channel: int, me: int, members: Sequence[int], 
         time.sleep(0.01)
         heard = transport.notices(channel)
     silent = [rank for rank in others if rank not in heard]
-    behind = {rank: notice.seq for rank, notice in heard.items() if notice.seq < seq}
+    behind = {rank: notice.seq for rank, notice in heard.items() if notice.seq < seq and rank in others}
     held = {rank: notice.earlier for rank, notice in heard.items() if notice.earlier}
     parts = []
     if silent:
@@ -63,12 +65,13 @@ def census(transport: Transport, channel: int, me: int, members: Sequence[int], 
             "(stopped, hung, or busy outside this group's calls)"
         )
     for rank, at in sorted(behind.items()):
-        parts.append(f"rank {rank} was still in call #{at}")
+        where = f"its last call there was #{at}" if at >= 0 else "it had made no call on this group yet"
+        parts.append(f"rank {rank} never reached call #{seq} ({where})")
     for rank, earlier in sorted(held.items()):
         parts.append(f"rank {rank} was held up by an earlier failure there: {earlier}")
     if not silent and not behind and not held:
         parts.append(f"every rank reached call #{seq}, so a transfer inside it is stuck or too slow for the timeout")
-    return "; ".join(parts), silent
+    return "; ".join(parts), sorted(silent + list(behind))
 
 
 def abort(
@@ -83,10 +86,10 @@ def abort(
     me = transport.rank
     transport.abort(channel, error, peers=[rank for rank in members if rank != me], seq=seq)
     if isinstance(error, CollectiveTimeout):
-        clause, silent = census(transport, channel, me, members, seq)
+        clause, blamed = census(transport, channel, me, members, seq)
         error.args = (f"{error.message}; {clause}",)
-        if silent:
-            error.waiting_for = tuple(silent)
+        if blamed:
+            error.waiting_for = tuple(blamed)
     return error
 
 

@@ -25,6 +25,7 @@ class CallOrder:
     def __init__(self) -> None:
         self._numbers = itertools.count()
         self.turn = 0  # the number of the call that may run now
+        self.entered = -1  # the last call that began to run (a call runs while entered == turn)
         self._waiters = 0
         self._cond = threading.Condition(threading.Lock())
         self.blocked: GroupAborted | None = None  # set once, when a call fails

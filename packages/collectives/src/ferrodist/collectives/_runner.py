@@ -52,6 +52,8 @@ class Runner:
         self.closed = False
         self._worker: Worker | None = None
         self._worker_lock = threading.Lock()
+        if self.rank is not None:
+            transport.on_abort(group_id, self._respond)
 
     def launch(
         self,
@@ -78,6 +80,7 @@ class Runner:
         def run() -> None:
             try:
                 self._enter(seq, limit, operation)
+                self.order.entered = seq
                 deadline = time.monotonic() + limit  # counted from the call's turn
                 call = Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq)
                 if self.debug:
@@ -105,6 +108,7 @@ class Runner:
         try:
             if order.turn != seq or order.blocked is not None:
                 self._enter(seq, self.timeout, operation)
+            order.entered = seq
             run(time.monotonic() + self.timeout, seq)
         except FerrodistError as exc:
             raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
@@ -122,6 +126,7 @@ class Runner:
         try:
             if order.turn != seq or order.blocked is not None:
                 self._enter(seq, self.timeout, operation)
+            order.entered = seq
             deadline = time.monotonic() + self.timeout
             body(Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq))
         except FerrodistError as exc:
@@ -186,6 +191,20 @@ class Runner:
         self.order.block(_failure.blocked(error, self.name, seq))
         record_failure(error)  # for the launcher: this rank's own error, or another rank's
         return error
+
+    def _respond(self, error: FerrodistError, seq: int) -> None:
+        """A peer aborted the group in its call ``seq`` (a transport thread calls this). A
+        call in flight here fails on the aborted channel and answers for itself; between
+        calls, the group is blocked here and the peers get this rank's notice at once, which
+        tells their census that this rank is alive and which call it was at."""
+        order = self.order
+        if order.entered == order.turn:
+            return
+        me, at = self.transport.rank, order.turn - 1
+        context = f"rank {me}: group {self.name} after its call #{at} (group rank {self.rank} of {len(self.ranks)})"
+        cause = _failure.framed(error, context, me, error.operation or "collective")
+        order.block(_failure.blocked(cause, self.name, seq))
+        self.transport.abort(self.group_id, cause, peers=[r for r in self.ranks if r != me], seq=at)
 
     def _get_worker(self) -> Worker:
         with self._worker_lock:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import ferrodist.core as core
@@ -91,6 +92,13 @@ class Aborts:
         self._errors: dict[int, FerrodistError] = {}
         self._notified: set[int] = set()
         self._heard: dict[int, dict[int, Notice]] = {}
+        self._watchers: dict[int, Callable[[FerrodistError, int], None]] = {}
+
+    def watch(self, channel: int, respond: Callable[[FerrodistError, int], None]) -> None:
+        """Call ``respond(error, seq)``, in a thread of its own, when a peer's notice is the first
+        to abort ``channel`` here (the group answers with its own notice: see ``_runner``)."""
+        with self._lock:
+            self._watchers[channel] = respond
 
     def first(self, other_than: int | None = None) -> FerrodistError | None:
         """The first error that aborted a channel here (other than ``other_than``), or None."""
@@ -117,8 +125,12 @@ class Aborts:
     def hear(self, channel: int, peer: int, seq: int, error: FerrodistError) -> None:
         """``peer`` aborted ``channel`` in call ``seq`` with ``error``."""
         with self._lock:
+            first = channel not in self._errors
             self._errors.setdefault(channel, error)
             self._heard.setdefault(channel, {})[peer] = Notice(seq, getattr(error, "earlier", None))
+            respond = self._watchers.get(channel) if first else None
+        if respond is not None:
+            threading.Thread(target=respond, args=(error, seq), name=f"ferrodist-abort-{channel}", daemon=True).start()
 
     def heard(self, channel: int) -> dict[int, Notice]:
         """Peers that sent a notice for ``channel``: the call each was in, and its earlier failure."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -236,6 +236,10 @@ class MpiTransport:
 
     def aborted(self, channel: int) -> FerrodistError | None:
         return self._aborts.error(channel)
+
+    def on_abort(self, channel: int, respond: Callable[[FerrodistError, int], None]) -> None:
+        """Call ``respond(error, seq)`` when a peer's notice first aborts ``channel`` here."""
+        self._aborts.watch(channel, respond)
 
     def notices(self, channel: int) -> dict[int, Notice]:
         """Always empty: MPI ranks send no abort notices."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -182,6 +182,11 @@ class Transport(Protocol):
 
     def aborted(self, channel: int) -> FerrodistError | None:
         """The error ``channel`` was aborted with, here or by a peer's notice; None if it was not."""
+        ...
+
+    def on_abort(self, channel: int, respond: Callable[[FerrodistError, int], None]) -> None:
+        """Call ``respond(error, seq)``, in a thread of the transport's, when a peer's notice is
+        the first to abort ``channel`` on this rank."""
         ...
 
     def notices(self, channel: int) -> dict[int, Notice]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
@@ -304,6 +304,10 @@ class SimulatedTransport:
     def aborted(self, channel: int) -> FerrodistError | None:
         """The error ``channel`` was aborted with (here or by a peer's notice), or None."""
         return self._hub.aborts[self._rank].error(channel)
+
+    def on_abort(self, channel: int, respond: Callable[[FerrodistError, int], None]) -> None:
+        """Call ``respond(error, seq)`` when a peer's notice first aborts ``channel`` here."""
+        self._hub.aborts[self._rank].watch(channel, respond)
 
     def notices(self, channel: int) -> dict[int, Notice]:
         """The peers that sent a notice for ``channel``, each with the call it was in."""

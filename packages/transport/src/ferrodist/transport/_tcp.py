@@ -20,7 +20,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -729,6 +729,10 @@ class TcpTransport:
     def aborted(self, channel: int) -> FerrodistError | None:
         """The error ``channel`` was aborted with (here or by a peer's notice), or None."""
         return self._aborts.error(channel)
+
+    def on_abort(self, channel: int, respond: Callable[[FerrodistError, int], None]) -> None:
+        """Call ``respond(error, seq)`` when a peer's notice first aborts ``channel`` here."""
+        self._aborts.watch(channel, respond)
 
     def notices(self, channel: int) -> dict[int, Notice]:
         """The peers that sent a notice for ``channel``, each with the call it was in."""
