@@ -3,11 +3,13 @@
 Each rank whose call timed out checks in under ``ferrodist/late/<group>/<call>/<rank>``
 in the job's store and waits a moment for the others to do the same. A member that
 never checks in never got to the call (or is stuck before it): those are the ranks the
-timeout names. This costs nothing until a call times out.
+timeout names. This costs nothing until a call times out, and never more than ``grace``
+seconds then, whether or not the store answers.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from ferrodist.core import FerrodistError
@@ -27,13 +29,18 @@ def absent_ranks(
         return None
     prefix = f"ferrodist/late/{group_id}/{seq}/"
     keys = {rank: f"{prefix}{rank}" for rank in members}
+    deadline = time.monotonic() + grace  # a store that does not answer (rank 0 stopped) costs no more
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
     try:
-        store.set(keys[transport.rank], b"")
+        store.set(keys[transport.rank], b"", timeout=left())
         try:
-            store.wait(list(keys.values()), timeout=grace)
+            store.wait(list(keys.values()), timeout=left())
             return []
         except FerrodistError:
             pass
-        return [rank for rank, key in keys.items() if not store.check([key])]
+        return [rank for rank, key in keys.items() if not store.check([key], timeout=max(0.05, left()))]
     except FerrodistError:
         return None
