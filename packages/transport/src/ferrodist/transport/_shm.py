@@ -23,7 +23,9 @@ from ferrodist.core._reduce import half_opcode, pairwise_opcode
 
 from . import _chunks
 from ._arena import BARRIER, COPIED, GATHERED, Arena
+from ._auth import job_token
 from ._protocol import DEFAULT_TIMEOUT
+from ._rendezvous import Rendezvous, report_bad_start
 from ._tcp import TcpTransport
 
 __all__ = ["ShmCollectives", "ShmTransport"]
@@ -343,12 +345,19 @@ class ShmTransport(TcpTransport):
         chunk: int | None = None,
         slots: int | None = None,
     ) -> ShmTransport:
+        """``TcpTransport.connect``, then the shared-memory arena: rank 0 creates it, every
+        rank maps it. A rank that cannot (or whose slot sizes differ from rank 0's) makes
+        every rank fail at once with its reason."""
         chunk = chunk or int(os.environ.get("FERRODIST_SHM_CHUNK", DEFAULT_CHUNK))
         slots = slots or int(os.environ.get("FERRODIST_SHM_SLOTS", DEFAULT_SLOTS))
         if chunk < 64 or chunk % 64 or not 1 <= slots <= 6:
-            raise InvalidArgument(
-                f"shared memory: chunk must be a positive multiple of 64 bytes and slots 1..6, got {chunk}, {slots}"
+            bad = InvalidArgument(
+                f"rank {rank}: shared memory: chunk must be a positive multiple of 64 bytes and slots 1..6, got "
+                f"{chunk}, {slots} (FERRODIST_SHM_CHUNK, FERRODIST_SHM_SLOTS)"
             )
+            report_bad_start(rank, world_size, master_addr, master_port, job_token() if token is None else token, bad)
+            raise bad
+        deadline = time.monotonic() + timeout
         self = super().connect(
             rank=rank,
             world_size=world_size,
@@ -359,18 +368,22 @@ class ShmTransport(TcpTransport):
             max_frame_bytes=max_frame_bytes,
         )
         assert isinstance(self, ShmTransport)
+        what = f"rank {rank}: opening the shared memory of a job of {world_size} ranks"
+        rdv = Rendezvous(self.store, rank, world_size, deadline, what)
         try:
-            self._arena = self._open_arena(chunk, slots, time.monotonic() + timeout)
+            self._arena = self._open_arena(rdv, chunk, slots)
         except BaseException:
+            if rdv.aborted and rank == 0:
+                rdv.linger()
             self.close()
             raise
         return self
 
-    def _open_arena(self, chunk: int, slots: int, deadline: float) -> Arena:
+    def _open_arena(self, rdv: Rendezvous, chunk: int, slots: int) -> Arena:
         store, rank, world = self.store, self.rank, self.world_size
         host = f"{socket.gethostname()}/{_boot_id()}"
-        store.set(f"ferrodist/shm/host/{rank}", host)
-        hosts = {store.get(f"ferrodist/shm/host/{r}", timeout=_left(deadline)).decode() for r in range(world)}
+        store.set(f"ferrodist/shm/host/{rank}", host, timeout=rdv.left())
+        hosts = {rdv.get(f"ferrodist/shm/host/{r}", r, "said which host it is on").decode() for r in range(world)}
         if len(hosts) > 1:
             raise BackendUnavailable(
                 f"rank {rank}: the shm backend needs every rank on one host, but they are on {len(hosts)}; "
@@ -378,15 +391,29 @@ class ShmTransport(TcpTransport):
             )
         if rank == 0:
             path = os.path.join(SHM_DIR, f"ferrodist-{job_id()}-{secrets.token_hex(4)}")
-            arena = Arena.create(path, rank, world, chunk, slots)
-            store.set("ferrodist/shm/path", path)
+            try:
+                arena = Arena.create(path, rank, world, chunk, slots)
+            except OSError as exc:
+                rdv.abort(BackendUnavailable(f"rank 0 could not create the shared memory {path}: {exc}"))
+            store.set("ferrodist/shm/path", f"{chunk} {slots} {path}", timeout=rdv.left())
         else:
-            path = store.get("ferrodist/shm/path", timeout=_left(deadline)).decode()
-            arena = Arena.attach(path, rank, world, chunk, slots)
-        store.set(f"ferrodist/shm/attached/{rank}", b"")
+            size, count, path = rdv.get("ferrodist/shm/path", 0, "created the shared memory").decode().split(" ", 2)
+            if (int(size), int(count)) != (chunk, slots):
+                rdv.abort(
+                    InvalidArgument(
+                        f"rank {rank} has FERRODIST_SHM_CHUNK={chunk}, FERRODIST_SHM_SLOTS={slots} but rank 0 has "
+                        f"{size}, {count}: give every rank the same values"
+                    )
+                )
+            try:
+                arena = Arena.attach(path, rank, world, chunk, slots)
+            except (OSError, ValueError) as exc:
+                rdv.abort(BackendUnavailable(f"rank {rank} could not map the shared memory {path}: {exc}"))
+        store.set(f"ferrodist/shm/attached/{rank}", b"", timeout=rdv.left())
         if rank == 0:
             try:
-                store.wait([f"ferrodist/shm/attached/{r}" for r in range(world)], timeout=_left(deadline))
+                for r in range(1, world):
+                    rdv.get(f"ferrodist/shm/attached/{r}", r, "mapped the shared memory")
             finally:
                 os.unlink(path)  # every rank has it mapped: nothing can leak from here on
         return arena
@@ -408,10 +435,6 @@ class ShmTransport(TcpTransport):
         if self._arena is not None:
             self._arena.close()
             self._arena = None
-
-
-def _left(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())
 
 
 def _boot_id() -> str:
