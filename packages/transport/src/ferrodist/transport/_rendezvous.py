@@ -136,10 +136,11 @@ def _join_existing_store(
             "(one with another FERRODIST_TOKEN); choose another MASTER_PORT",
             rank=0,
         ) from None
-    except BackendUnavailable as exc:
+    except BackendUnavailable:
         raise BackendUnavailable(
             f"{what}: cannot host the store: port {master_port} is held by a program that is not a ferrodist store "
-            f"({exc}); choose another MASTER_PORT",
+            "(it does not answer the ferrodist handshake); choose another MASTER_PORT (`ferrodist run` picks a free "
+            "one by itself)",
             rank=0,
         ) from None
     except FerrodistError:
