@@ -63,7 +63,8 @@ class _Joined:
     """The stores this process has joined, and as which rank (the most recent 1024).
 
     A rank that calls ``init_process_group`` again may find rank 0's previous store still
-    up (rank 0 has not destroyed its group yet): it must not join that one."""
+    up (rank 0 has not destroyed its group yet): it must not join that one. Nothing ever
+    needs to reset this memory: store ids are random, so an id seen before is that store."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -298,7 +299,7 @@ class Rendezvous:
             self.abort(
                 InvalidArgument(
                     f"two processes were started as rank {rank} ({first} and {_process(me)}): "
-                    f"give each process its own RANK, 0 to {self.world_size - 1}"
+                    f"give each process its own RANK, 0 to {self.world_size - 1} (and each job its own MASTER_PORT)"
                 )
             )
         if rank != 0:
