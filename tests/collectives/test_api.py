@@ -73,6 +73,12 @@ def test_init_errors():
     try:
         with pytest.raises(InvalidArgument, match="already initialized"):
             dist.init_process_group("simulated")
+        # Checked before any transport is built: no port is bound, no peer waited for.
+        start = time.monotonic()
+        for backend in ("tcp", "shm", "mpi"):
+            with pytest.raises(InvalidArgument, match=r"rank 0: init_process_group: .* already initialized"):
+                dist.init_process_group(backend, init_method="tcp://127.0.0.1:9", rank=1, world_size=2)
+        assert time.monotonic() - start < 0.5
     finally:
         dist.destroy_process_group()
 

@@ -1,8 +1,12 @@
-"""The rendezvous store: operations, blocking waits, authentication, and clear failures."""
+"""The rendezvous store: operations, blocking waits, authentication, deadlines, and clear failures."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,8 +15,11 @@ import pytest
 from _helpers import free_port
 from ferrodist.core import AuthenticationFailed, BackendUnavailable, CollectiveTimeout, InvalidArgument, PeerLost
 from ferrodist.transport import StoreClient, StoreServer, TcpTransport
+from ferrodist.transport._net import HANDSHAKE_LIMIT
 
 TOKEN = b"job-secret"
+#: How much later than its timeout a store call may return.
+SLACK = 0.5
 
 
 @pytest.fixture
@@ -149,3 +156,157 @@ def test_a_rank_without_the_token_cannot_join_the_job():
         t.join(10)
     assert isinstance(outcome[1], AuthenticationFailed)
     assert isinstance(outcome[0], CollectiveTimeout) and outcome[0].waiting_for == (1,)
+
+
+# -- deadlines ------------------------------------------------------------------------------------
+HOST_A_STORE = (
+    "import time\n"
+    "from ferrodist.transport import StoreServer\n"
+    "server = StoreServer('127.0.0.1', 0, token=b'job-secret')\n"
+    "print(server.port, flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+@pytest.fixture
+def stopped_store():
+    """A client (default timeout 1 s) of a store whose process is then stopped with SIGSTOP,
+    as a rank 0 in a debugger, swapped out or frozen would be."""
+    host = subprocess.Popen([sys.executable, "-c", HOST_A_STORE], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(host.stdout.readline())
+        client = StoreClient("127.0.0.1", port, timeout=1, token=TOKEN, rank=1)
+        client.set("here", b"1")
+        os.kill(host.pid, signal.SIGSTOP)
+        yield client, port
+    finally:
+        host.kill()
+        os.kill(host.pid, signal.SIGCONT)
+        host.wait()
+    client.close()
+
+
+STORE_CALLS = {
+    "set": lambda store, **kw: store.set("k", b"v", **kw),
+    "get": lambda store, **kw: store.get("here", **kw),
+    "add": lambda store, **kw: store.add("n", 1, **kw),
+    "wait": lambda store, **kw: store.wait(["here"], **kw),
+    "check": lambda store, **kw: store.check(["here"], **kw),
+    "delete": lambda store, **kw: store.delete("k", **kw),
+}
+
+
+def test_every_request_to_a_stopped_store_returns_within_its_timeout(stopped_store):
+    client, port = stopped_store
+    for name, call in STORE_CALLS.items():
+        for timeout, kw in ((0.3, {"timeout": 0.3}), (1.0, {})):  # its own timeout, then the client's
+            start = time.monotonic()
+            with pytest.raises(CollectiveTimeout) as info:
+                call(client, **kw)
+            took = time.monotonic() - start
+            assert took < timeout + SLACK, f"{name}(timeout={timeout}) took {took:.2f} s"
+            assert f"rank 1: the store on rank 0 (127.0.0.1:{port}) did not answer within {timeout:g} s" in str(
+                info.value
+            )
+            assert "rank 0 may be stopped or overloaded" in str(info.value)
+            assert info.value.waiting_for == (0,)
+
+
+def test_connecting_to_a_stopped_store_returns_within_the_timeout(stopped_store):
+    _, port = stopped_store
+    start = time.monotonic()
+    with pytest.raises(CollectiveTimeout, match="did not answer within 1 s"):
+        StoreClient("127.0.0.1", port, timeout=1, token=TOKEN)
+    assert time.monotonic() - start < 1 + SLACK
+
+
+def test_a_program_that_is_not_a_store_is_named_after_the_handshake_limit():
+    """Something that accepts connections and waits for its client to speak (an HTTP
+    server, say) holds the port: the handshake's own limit ends the wait, not the timeout."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        start = time.monotonic()
+        with pytest.raises(BackendUnavailable) as info:
+            StoreClient("127.0.0.1", port, timeout=300, token=TOKEN, rank=1)
+        assert time.monotonic() - start < HANDSHAKE_LIMIT + SLACK
+    message = str(info.value)
+    assert f"rank 1: the process listening on 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT) is not a ferrodist store" in (
+        message
+    )
+    assert f"sent nothing for {HANDSHAKE_LIMIT:g} s" in message and "choose a free MASTER_PORT" in message
+
+
+def test_one_threads_long_wait_does_not_hold_up_another_threads_requests(store):
+    _, client = store
+    outcome: list[BaseException] = []
+
+    def wait_long() -> None:
+        try:
+            client.get("never", timeout=1)
+        except CollectiveTimeout as exc:
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=wait_long)
+    waiting.start()
+    time.sleep(0.1)
+    start = time.monotonic()
+    client.set("quick", b"1", timeout=1)
+    assert client.get("quick", timeout=1) == b"1"
+    assert time.monotonic() - start < 0.5
+    waiting.join(5)
+    assert len(outcome) == 1
+
+
+def test_a_timeout_must_be_a_non_negative_number(store):
+    _, client = store
+    for bad in (-1, float("nan"), "1", True):
+        with pytest.raises(InvalidArgument, match="timeout must be a non-negative number"):
+            client.set("k", b"", timeout=bad)
+
+
+def test_a_client_never_takes_answers_from_a_store_that_replaced_its_own():
+    first = StoreServer("127.0.0.1", 0, token=TOKEN)
+    port = first.port
+    client = StoreClient("127.0.0.1", port, timeout=5, token=TOKEN, rank=1)
+    assert client.store_id == first.store_id
+    first.close()
+    second = StoreServer("127.0.0.1", port, token=TOKEN)
+    try:
+        with pytest.raises(PeerLost, match="went away"):
+            client.get("x", timeout=1)
+        with pytest.raises(PeerLost, match="is not the one this client joined any more"):
+            client.get("x", timeout=1)
+    finally:
+        client.close()
+        second.close()
+
+
+def test_a_client_told_to_refuse_a_store_waits_for_its_successor():
+    first = StoreServer("127.0.0.1", 0, token=TOKEN)
+    port = first.port
+    servers = [first]
+
+    def replace() -> None:
+        first.close()
+        servers.append(StoreServer("127.0.0.1", port, token=TOKEN))
+
+    threading.Timer(0.5, replace).start()
+    start = time.monotonic()
+    client = StoreClient("127.0.0.1", port, timeout=10, token=TOKEN, refuse={first.store_id})
+    try:
+        assert time.monotonic() - start >= 0.4
+        assert client.store_id == servers[1].store_id
+        client.set("k", b"on the new one")
+    finally:
+        client.close()
+        for server in servers:
+            server.close()
+    # Refusing a store that stays: a clear timeout at the deadline.
+    stay = StoreServer("127.0.0.1", 0, token=TOKEN)
+    try:
+        with pytest.raises(CollectiveTimeout, match="process group this rank has already left"):
+            StoreClient("127.0.0.1", stay.port, timeout=0.5, token=TOKEN, refuse={stay.store_id})
+    finally:
+        stay.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from urllib.parse import urlparse
 
 from ferrodist.core import BackendUnavailable, InvalidArgument
@@ -23,7 +24,12 @@ _LATER = ("nccl", "gloo")
 def make_transport(
     backend: str, init_method: str | None, rank: int | None, world_size: int | None, timeout: float
 ) -> Transport:
-    info = launch_info()
+    try:
+        info = launch_info()
+    except InvalidArgument as exc:
+        if backend in ("auto", "tcp", "shm") and init_method in (None, "env://"):
+            _tell_the_others(exc)
+        raise
     if backend == "auto":
         backend = _auto(info, rank, world_size, init_method)
     if backend == "simulated":
@@ -46,6 +52,23 @@ def make_transport(
             f"available: {', '.join(BACKENDS)} (or 'auto')"
         )
     raise InvalidArgument(f"init_process_group: unknown backend {backend!r}; available: {', '.join(BACKENDS)}, auto")
+
+
+def _tell_the_others(error: InvalidArgument) -> None:
+    """``RANK`` and ``WORLD_SIZE`` do not describe a rank: when ``MASTER_ADDR`` and
+    ``MASTER_PORT`` say where the job starts, tell its other ranks why this one will not
+    come, so that they fail now instead of at their timeout."""
+    env = os.environ
+    try:
+        rank, world_size, port = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["MASTER_PORT"])
+        addr = env["MASTER_ADDR"]
+    except (KeyError, ValueError):
+        return
+    reason = InvalidArgument(
+        f"a process (pid {os.getpid()}) was started with RANK={rank} and WORLD_SIZE={world_size}, which do not "
+        f"describe a rank of a job ({error}): start every rank with the same WORLD_SIZE and a RANK below it"
+    )
+    TcpTransport.report_bad_start(reason, rank=rank, world_size=world_size, master_addr=addr, master_port=port)
 
 
 def _auto(info: LaunchInfo | None, rank: int | None, world_size: int | None, init_method: str | None) -> str:

@@ -88,6 +88,8 @@ def init_process_group(
     # Simulated ranks handed in as transports are threads of one process: each thread gets
     # its own default group. A world this call builds itself belongs to the whole process.
     threaded = isinstance(transport, SimulatedTransport)
+    _check_not_initialized(threaded)  # before building a transport: every rank fails at once
+    built = transport is None
     if transport is None:
         try:
             transport = make_transport(backend, init_method, rank, world_size, timeout)
@@ -103,12 +105,12 @@ def init_process_group(
             f"init_process_group: world_size={world_size} but the transport has {transport.world_size} ranks"
         )
     with _lock:
-        existing = getattr(_thread_default, "group", None) if threaded else _process_default
-        if existing:
-            raise InvalidArgument(
-                "init_process_group: the default process group is already initialized; "
-                "call destroy_process_group() first"
-            )
+        try:
+            _check_not_initialized(threaded)  # another thread may have been quicker
+        except InvalidArgument:
+            if built:
+                transport.close()
+            raise
         world = ProcessGroup(
             transport,
             range(transport.world_size),
@@ -122,6 +124,18 @@ def init_process_group(
         else:
             _process_default.append(world)
     return world
+
+
+def _check_not_initialized(threaded: bool) -> None:
+    existing = getattr(_thread_default, "group", None) if threaded else next(iter(_process_default), None)
+    if existing is not None:
+        raise InvalidArgument(
+            f"rank {existing.rank}: init_process_group: the default process group is already initialized "
+            f"({existing.size} ranks over {type(existing.transport).__name__}); call destroy_process_group() first, "
+            "or use the group you have",
+            rank=existing.rank,
+            operation="init_process_group",
+        )
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:

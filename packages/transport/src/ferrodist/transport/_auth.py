@@ -13,16 +13,29 @@ import hashlib
 import hmac
 import os
 import socket
+import time
 
-from ferrodist.core import AuthenticationFailed, ProtocolError
+from ferrodist.core import AuthenticationFailed, CollectiveTimeout, ProtocolError
 
-from ._net import recv_exact
+from ._net import HANDSHAKE_LIMIT, recv_exact
 
-__all__ = ["accept_handshake", "connect_handshake", "job_token"]
+__all__ = ["NotFerrodist", "accept_handshake", "connect_handshake", "job_token"]
 
 _MAGIC = b"FDAU"
 _NONCE = 32
 _ACCEPTED, _REFUSED = b"\x01", b"\x00"
+
+
+class NotFerrodist(ProtocolError):
+    """The other end of a connection does not speak the ferrodist handshake.
+
+    Attributes:
+        reason: what it did instead, as a clause ("it sent nothing for 5 s ...").
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def job_token() -> bytes:
@@ -34,13 +47,22 @@ def _mac(token: bytes, role: bytes, nonce: bytes) -> bytes:
     return hmac.new(token, role + nonce, hashlib.sha256).digest()
 
 
-def accept_handshake(sock: socket.socket, token: bytes, deadline: float, what: str) -> None:
-    """Server side: check the client's proof, then prove ourselves."""
+def _short(deadline: float, limit: float) -> float:
+    return min(deadline, time.monotonic() + limit)
+
+
+def accept_handshake(
+    sock: socket.socket, token: bytes, deadline: float, what: str, *, limit: float = HANDSHAKE_LIMIT
+) -> None:
+    """Server side: check the client's proof, then prove ourselves (within ``limit`` seconds)."""
     challenge = os.urandom(_NONCE)
     sock.sendall(_MAGIC + challenge)
-    reply = recv_exact(sock, len(_MAGIC) + 32 + _NONCE, deadline, what, peer=-1)
+    reply = recv_exact(sock, len(_MAGIC) + 32 + _NONCE, _short(deadline, limit), what, peer=-1)
     if reply[:4] != _MAGIC:
-        raise ProtocolError(f"{what}: a connection that does not speak the ferrodist handshake was refused")
+        raise NotFerrodist(
+            f"{what}: a connection that does not speak the ferrodist handshake was refused",
+            reason="it does not speak the ferrodist handshake",
+        )
     proof, client_nonce = reply[4:36], reply[36:]
     if not hmac.compare_digest(proof, _mac(token, b"client", challenge)):
         sock.sendall(_REFUSED)
@@ -48,19 +70,38 @@ def accept_handshake(sock: socket.socket, token: bytes, deadline: float, what: s
     sock.sendall(_ACCEPTED + _mac(token, b"server", client_nonce))
 
 
-def connect_handshake(sock: socket.socket, token: bytes, deadline: float, what: str, peer: int) -> None:
-    """Client side: answer the challenge, then check the server's proof."""
-    hello = recv_exact(sock, len(_MAGIC) + _NONCE, deadline, what, peer)
+def connect_handshake(
+    sock: socket.socket, token: bytes, deadline: float, what: str, peer: int, *, limit: float = HANDSHAKE_LIMIT
+) -> None:
+    """Client side: answer the challenge, then check the server's proof.
+
+    A ferrodist process sends its challenge as soon as it accepts the connection: when
+    none comes within ``limit`` seconds (bounded by ``deadline``), the other end is not
+    ferrodist (a program that waits for its client to speak, such as an HTTP server) or is
+    stopped, and ``NotFerrodist`` says so. Running out of ``deadline`` first is a
+    ``CollectiveTimeout``.
+    """
+    short = _short(deadline, limit)
+    try:
+        hello = recv_exact(sock, len(_MAGIC) + _NONCE, short, what, peer)
+    except CollectiveTimeout:
+        if short >= deadline:
+            raise
+        reason = (
+            f"it accepted the connection but sent nothing for {limit:g} s instead of starting the ferrodist handshake"
+        )
+        raise NotFerrodist(f"{what}: the process at rank {peer}'s address {reason}", reason=reason) from None
     if hello[:4] != _MAGIC:
-        raise ProtocolError(f"{what}: rank {peer}'s address answered with something that is not ferrodist")
+        reason = f"it answered with {hello[:12]!r}..., which is not the ferrodist handshake"
+        raise NotFerrodist(f"{what}: the process at rank {peer}'s address {reason}", reason=reason)
     nonce = os.urandom(_NONCE)
     sock.sendall(_MAGIC + _mac(token, b"client", hello[4:]) + nonce)
-    verdict = recv_exact(sock, 1, deadline, what, peer)
+    verdict = recv_exact(sock, 1, short, what, peer)
     if verdict != _ACCEPTED:
         raise AuthenticationFailed(
             f"{what}: rank {peer} refused this process: its FERRODIST_TOKEN is not the job's "
             "(start every rank with the same launcher, or export the same token)"
         )
-    proof = recv_exact(sock, 32, deadline, what, peer)
+    proof = recv_exact(sock, 32, short, what, peer)
     if not hmac.compare_digest(proof, _mac(token, b"server", nonce)):
         raise AuthenticationFailed(f"{what}: the process at rank {peer}'s address does not hold this job's token")

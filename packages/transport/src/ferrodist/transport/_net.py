@@ -6,15 +6,34 @@ import errno
 import fcntl
 import ipaddress
 import os
+import select
 import socket
 import struct
 import time
 
 from ferrodist.core import BackendUnavailable, CollectiveTimeout, InvalidArgument, PeerLost
 
-__all__ = ["connect_with_retry", "listen", "local_address", "recv_exact", "remaining"]
+__all__ = [
+    "HANDSHAKE_LIMIT",
+    "PortInUse",
+    "connect_with_retry",
+    "listen",
+    "local_address",
+    "readable",
+    "recv_exact",
+    "remaining",
+]
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: the IPv4 address of an interface
+
+#: Seconds a connection's handshake (token exchange, HELLO) may take once its other end
+#: has started it: a ferrodist process answers at once, so a longer silence means the
+#: other end is not ferrodist (or is stopped).
+HANDSHAKE_LIMIT = 5.0
+
+
+class PortInUse(BackendUnavailable):
+    """``listen`` found the port taken (``EADDRINUSE``); a ``BackendUnavailable`` to callers."""
 
 
 def remaining(deadline: float, what: str) -> float:
@@ -44,6 +63,13 @@ def recv_exact(sock: socket.socket, count: int, deadline: float, what: str, peer
     return bytes(buf)
 
 
+def readable(sock: socket.socket, seconds: float) -> bool:
+    """Whether ``sock`` has bytes (or an end of stream) to read within ``seconds``."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(max(0.0, seconds) * 1000))
+
+
 def tune(sock: socket.socket) -> None:
     """Low latency and keep-alive probes, so a vanished host is noticed."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -53,10 +79,14 @@ def tune(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
-def connect_with_retry(host: str, port: int, deadline: float, what: str, peer: int) -> socket.socket:
+def connect_with_retry(
+    host: str, port: int, deadline: float, what: str, peer: int, *, retry: bool = True
+) -> socket.socket:
     """Connect to ``host:port``, retrying with backoff until ``deadline``.
 
-    On failure the error lists every address tried and why each failed.
+    On failure the error lists every address tried and why each failed. With
+    ``retry=False`` (reconnecting to something that was there) one round of attempts is
+    made, and a refusal is ``PeerLost``: the other end has gone.
     """
     delay = 0.02
     tried: dict[str, str] = {}
@@ -77,6 +107,13 @@ def connect_with_retry(host: str, port: int, deadline: float, what: str, peer: i
                 continue
             tune(sock)
             return sock
+        if not retry and tried:
+            attempts = "; ".join(f"{addr}: {why}" for addr, why in tried.items())
+            raise PeerLost(
+                f"{what}: rank {peer} at {host}:{port} no longer accepts connections ({attempts}): "
+                "it exited or closed its transport",
+                peer=peer,
+            )
         if time.monotonic() + delay > deadline:
             attempts = "; ".join(f"{addr}: {why}" for addr, why in tried.items()) or "no address"
             raise CollectiveTimeout(
@@ -98,7 +135,7 @@ def listen(host: str, port: int, what: str) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise BackendUnavailable(
+            raise PortInUse(
                 f"{what}: port {port} on {host} is already in use (another job, or one that has not exited); "
                 "choose another with MASTER_PORT or `ferrodist run --master-port`"
             ) from None

@@ -1,106 +1,437 @@
-"""Building the full mesh: every pair of ranks gets one authenticated, introduced connection.
+"""Starting a job: the store, each rank's registration, and the full mesh of connections.
 
-Each rank listens on a free port of its chosen address, publishes ``host:port`` in the
-store, connects to every lower rank and accepts every higher one. Connections only go
-downward, so no two ranks wait on each other. After the token handshake, both ends send
-a HELLO frame (frame 0) carrying their rank and the world size.
+1. Rank 0 hosts the store on the master port; every rank connects to it (``open_store``),
+   but never to a store this process has already joined as this rank: that one belongs
+   to a process group it left, and rank 0 is about to replace it.
+2. Each rank registers (``Rendezvous.join``): ``ferrodist/join/<rank>`` counts the
+   processes that claim the rank and ``ferrodist/join/<rank>/<n>`` says who each is (world
+   size, pid, host). A second process with the same rank, or a world size other than
+   rank 0's, is a conflict.
+3. Each rank listens on a free port of its chosen address, publishes ``host:port``,
+   connects to every lower rank and accepts every higher one. Connections only go
+   downward, so no two ranks wait on each other. After the token handshake, both ends
+   send a HELLO frame (frame 0) carrying their rank and the world size.
+
+A rank that finds a conflict (or a HELLO that contradicts the job) publishes the reason
+under ``ferrodist/abort``; every wait of the rendezvous looks at that key at least every
+``POLL`` seconds, so every rank raises the same error within a second or two instead of
+waiting out its timeout. A rank whose own arguments are wrong reports them there too
+(``report_bad_start``).
 """
 
 from __future__ import annotations
 
+import collections
+import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from typing import NoReturn
 
-from ferrodist.core import CollectiveTimeout, FerrodistError, ProtocolError
+from ferrodist.core import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    CollectiveTimeout,
+    FerrodistError,
+    InvalidArgument,
+    InvalidRank,
+    PeerLost,
+    ProtocolError,
+)
 
 from ._auth import accept_handshake, connect_handshake
 from ._frames import HEADER, HELLO, decode_header, encode_header
-from ._net import connect_with_retry, listen, recv_exact, tune
-from ._store import StoreClient
+from ._net import HANDSHAKE_LIMIT, PortInUse, connect_with_retry, listen, local_address, readable, recv_exact, tune
+from ._store import StoreClient, StoreServer
 
-__all__ = ["mesh"]
+__all__ = ["POLL", "Rendezvous", "mesh", "open_store", "report_bad_start"]
+
+#: The longest a rendezvous wait goes without looking for an abort (seconds).
+POLL = 0.5
+_JOIN = "ferrodist/join"
+_ABORT = "ferrodist/abort"
+_ABORTS = "ferrodist/aborts"
+_SEEN = "ferrodist/abort-seen"
+#: Error classes an abort may carry (anything else arrives as ``FerrodistError``).
+_KINDS: dict[str, type[FerrodistError]] = {
+    cls.__name__: cls for cls in (InvalidArgument, InvalidRank, BackendUnavailable, ProtocolError, AuthenticationFailed)
+}
 
 
-def mesh(
-    rank: int, world_size: int, store: StoreClient, host: str, secret: bytes, deadline: float, what: str
-) -> Iterator[tuple[int, socket.socket]]:
+class _Joined:
+    """The stores this process has joined, and as which rank (the most recent 1024).
+
+    A rank that calls ``init_process_group`` again may find rank 0's previous store still
+    up (rank 0 has not destroyed its group yet): it must not join that one. Nothing ever
+    needs to reset this memory: store ids are random, so an id seen before is that store."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
+
+    def add(self, store_id: str, rank: int) -> None:
+        with self._lock:
+            self._seen[(store_id, rank)] = None
+            while len(self._seen) > 1024:
+                self._seen.popitem(last=False)
+
+    def ids(self, rank: int) -> frozenset[str]:
+        with self._lock:
+            return frozenset(store_id for store_id, r in self._seen if r == rank)
+
+
+JOINED = _Joined()
+
+
+def open_store(
+    rank: int, master_addr: str, master_port: int, token: bytes, deadline: float, what: str
+) -> tuple[StoreClient, StoreServer | None]:
+    """Rank 0 starts the store; every rank connects to it. Returns the client and, on
+    rank 0, the server.
+
+    Raises:
+        BackendUnavailable: the master port is held by something else (a program that
+            is not ferrodist, another job's store, this process's previous group).
+    """
+    server = None
+    if rank == 0:
+        bind = "0.0.0.0" if local_address(master_addr) != "127.0.0.1" else "127.0.0.1"
+        try:
+            server = StoreServer(bind, master_port, token=token)
+        except PortInUse as exc:
+            return _join_existing_store(master_addr, master_port, token, deadline, what, exc), None
+    try:
+        client = StoreClient(
+            master_addr,
+            master_port,
+            timeout=max(0.0, deadline - time.monotonic()),
+            token=token,
+            rank=rank,
+            refuse=JOINED.ids(rank),
+        )
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
+    return client, server
+
+
+def _join_existing_store(
+    master_addr: str, master_port: int, token: bytes, deadline: float, what: str, in_use: PortInUse
+) -> StoreClient:
+    """Rank 0 found the master port taken: say by what. When it is a store of this job
+    (another process started as rank 0), join it, so that the duplicate is reported to
+    every rank."""
+    try:
+        client = StoreClient(
+            master_addr,
+            master_port,
+            timeout=min(max(0.0, deadline - time.monotonic()), HANDSHAKE_LIMIT + 1),
+            token=token,
+            rank=0,
+        )
+    except AuthenticationFailed:
+        raise BackendUnavailable(
+            f"{what}: cannot host the store: port {master_port} is held by the store of another ferrodist job "
+            "(one with another FERRODIST_TOKEN); choose another MASTER_PORT",
+            rank=0,
+        ) from None
+    except BackendUnavailable:
+        raise BackendUnavailable(
+            f"{what}: cannot host the store: port {master_port} is held by a program that is not a ferrodist store "
+            "(it does not answer the ferrodist handshake); choose another MASTER_PORT (`ferrodist run` picks a free "
+            "one by itself)",
+            rank=0,
+        ) from None
+    except FerrodistError:
+        raise in_use from None
+    if client.store_id in JOINED.ids(0):
+        client.close()
+        raise BackendUnavailable(
+            f"{what}: cannot host the store: port {master_port} is held by this process's own store, that of a "
+            "process group it has not destroyed; call destroy_process_group() (or close the transport) before "
+            "initializing again",
+            rank=0,
+        )
+    return client
+
+
+def report_bad_start(
+    rank: object, world_size: object, master_addr: str, master_port: int, token: bytes, error: FerrodistError
+) -> None:
+    """Best effort, within a few seconds: tell the job's other ranks why this one cannot
+    join (``error``), so that they stop waiting for it. Rank 0 hosts the store for as
+    long as it takes them to read it (``Rendezvous.linger``)."""
+    server = None
+    if rank == 0:
+        try:
+            bind = "0.0.0.0" if local_address(master_addr) != "127.0.0.1" else "127.0.0.1"
+            server = StoreServer(bind, master_port, token=token)
+        except FerrodistError:
+            return
+    elif not isinstance(rank, int) or rank < 0:
+        return
+    try:
+        store = StoreClient(master_addr, master_port, timeout=HANDSHAKE_LIMIT, token=token)
+        try:
+            _publish(store, error, HANDSHAKE_LIMIT)
+            store.add(_SEEN, 1, timeout=HANDSHAKE_LIMIT)  # this process knows
+            if server is not None:  # rank 0: keep the store up until the others know too
+                Rendezvous(store, 0, world_size if isinstance(world_size, int) else 1, 0.0, "").linger()
+        finally:
+            store.close()
+    except FerrodistError:
+        pass
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _publish(store: StoreClient, error: FerrodistError, timeout: float) -> None:
+    """Make ``error`` the job's abort, unless another rank's came first."""
+    if store.add(_ABORTS, 1, timeout=timeout) == 1:
+        store.set(_ABORT, f"{type(error).__name__}\n{error.message}", timeout=timeout)
+
+
+class Rendezvous:
+    """One rank's part of starting a job: waits on the store that notice an abort, and
+    the abort itself. Every rank of the job that is still starting raises the first
+    abort published, with its reason."""
+
+    def __init__(self, store: StoreClient, rank: int, world_size: int, deadline: float, what: str) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.deadline = deadline
+        self.what = what
+        self.aborted = False
+        self._checked = time.monotonic()
+
+    def left(self) -> float:
+        """Seconds to the deadline (a request with no time left at all still gets 50 ms)."""
+        return max(0.05, self.deadline - time.monotonic())
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    # -- aborting -----------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise the job's abort if a rank has published one."""
+        self._checked = time.monotonic()
+        if self.store.check([_ABORT], timeout=self.left()):
+            self._raise_abort(self.left())
+
+    def check_due(self) -> None:
+        """``check``, if the last one was ``POLL`` seconds ago or more."""
+        if time.monotonic() - self._checked >= POLL:
+            self.check()
+
+    def check_after(self, error: FerrodistError) -> NoReturn:
+        """A peer dropped the connection during the handshake: if it did so because it
+        published an abort, raise that; else ``error``."""
+        try:
+            self.store.get(_ABORT, timeout=min(1.0, self.left()))
+        except FerrodistError:
+            raise error from None
+        self._raise_abort(self.left())
+
+    def abort(self, error: FerrodistError) -> NoReturn:
+        """Publish ``error`` as the reason the job cannot start (unless another rank's came
+        first) and raise the published one."""
+        try:
+            _publish(self.store, error, max(1.0, min(self.left(), 5.0)))
+        except FerrodistError:
+            raise error.with_context(self.what) from None
+        self._raise_abort(max(1.0, min(self.left(), 5.0)))
+
+    def _raise_abort(self, timeout: float) -> NoReturn:
+        kind, _, reason = self.store.get(_ABORT, timeout=timeout).decode(errors="replace").partition("\n")
+        self.aborted = True
+        try:
+            self.store.add(_SEEN, 1, timeout=min(1.0, timeout))
+        except FerrodistError:
+            pass
+        raise _KINDS.get(kind, FerrodistError)(f"{self.what}: the job cannot start: {reason}", rank=self.rank)
+
+    def linger(self, seconds: float = HANDSHAKE_LIMIT) -> None:
+        """On rank 0 after an abort: keep the store up until every rank has seen the abort
+        (``seconds`` at most), so that those still starting get its reason, not a store
+        that has gone."""
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            try:
+                if int(self.store.get(_SEEN, timeout=0.5)) >= self.world_size:
+                    return
+            except (FerrodistError, ValueError):
+                pass
+            time.sleep(0.05)
+
+    # -- waiting ------------------------------------------------------------------------------
+    def get(self, key: str, peer: int, never: str) -> bytes:
+        """The value of ``key``, which rank ``peer`` sets; ``CollectiveTimeout`` saying that
+        rank ``peer`` ``never`` ... when it is not set by the deadline."""
+        while True:
+            try:
+                return self.store.get(key, timeout=min(POLL, self.left()))
+            except CollectiveTimeout:
+                if self.expired():
+                    raise CollectiveTimeout(
+                        f"{self.what}: rank {peer} never {never}", rank=self.rank, waiting_for=(peer,)
+                    ) from None
+                self.check()
+
+    # -- registering ----------------------------------------------------------------------------
+    def join(self) -> None:
+        """Register this rank; abort the job if another process has the same rank, or if
+        this rank's world size is not rank 0's."""
+        store, rank = self.store, self.rank
+        me = f"{self.world_size} {os.getpid()} {socket.gethostname()}"
+        count = store.add(f"{_JOIN}/{rank}", 1, timeout=self.left())
+        store.set(f"{_JOIN}/{rank}/{count}", me, timeout=self.left())
+        JOINED.add(store.store_id, rank)
+        self.check()  # a rank that could not start may have said so already
+        if count > 1:
+            try:
+                first = _process(store.get(f"{_JOIN}/{rank}/1", timeout=min(1.0, self.left())).decode())
+            except FerrodistError:
+                first = "another process"
+            self.abort(
+                InvalidArgument(
+                    f"two processes were started as rank {rank} ({first} and {_process(me)}): "
+                    f"give each process its own RANK, 0 to {self.world_size - 1} (and each job its own MASTER_PORT)"
+                )
+            )
+        if rank != 0:
+            zero = self.get(f"{_JOIN}/0/1", 0, "registered with its own store").decode()
+            size = int(zero.split()[0])
+            if size != self.world_size:
+                self.abort(
+                    InvalidArgument(
+                        f"rank {rank} ({_process(me)}) was started with WORLD_SIZE={self.world_size} but rank 0 "
+                        f"({_process(zero)}) with WORLD_SIZE={size}: start every rank with the same WORLD_SIZE"
+                    )
+                )
+
+
+def _process(record: str) -> str:
+    """``"pid N on HOST"`` from a registration (``"<world size> <pid> <host>"``)."""
+    _, pid, host = [*record.split(" ", 2), "?", "?"][:3]
+    return f"pid {pid} on {host}"
+
+
+# -- the mesh ---------------------------------------------------------------------------------
+def mesh(rdv: Rendezvous, host: str, secret: bytes) -> Iterator[tuple[int, socket.socket]]:
     """Yield ``(peer, socket)`` for every other rank; every socket is authenticated and
     introduced. On failure the sockets not yet yielded are closed."""
-    listener = listen(host, 0, what)
+    listener = listen(host, 0, rdv.what)
     try:
-        store.set(f"ferrodist/addr/{rank}", f"{host}:{listener.getsockname()[1]}")
-        for peer in range(rank):
-            yield peer, _dial(rank, world_size, peer, store, secret, deadline, what)
-        yield from _accept_all(rank, world_size, listener, secret, deadline, what)
+        rdv.store.set(f"ferrodist/addr/{rdv.rank}", f"{host}:{listener.getsockname()[1]}", timeout=rdv.left())
+        for peer in range(rdv.rank):
+            yield peer, _dial(rdv, peer, secret)
+        yield from _accept_all(rdv, listener, secret)
     finally:
         listener.close()
 
 
-def _dial(
-    rank: int, world_size: int, peer: int, store: StoreClient, secret: bytes, deadline: float, what: str
-) -> socket.socket:
-    try:
-        address = store.get(f"ferrodist/addr/{peer}", timeout=max(0.0, deadline - time.monotonic()))
-    except CollectiveTimeout:
-        raise CollectiveTimeout(
-            f"{what}: rank {peer} never published its address (is it running?)", rank=rank, waiting_for=(peer,)
-        ) from None
+def _dial(rdv: Rendezvous, peer: int, secret: bytes) -> socket.socket:
+    address = rdv.get(f"ferrodist/addr/{peer}", peer, "published its address (is it running?)")
     host, _, port = address.decode().rpartition(":")
-    sock = connect_with_retry(host, int(port), deadline, what, peer)
+    sock = connect_with_retry(host, int(port), rdv.deadline, rdv.what, peer)
     try:
-        connect_handshake(sock, secret, deadline, what, peer)
-        sock.sendall(encode_header(HELLO, rank, 0, world_size, 0))
-        _check_hello(rank, world_size, sock, deadline, what, expect=peer)
+        # The peer accepts once it has connected to the ranks below it, which may take
+        # long (one of them has not started yet): meanwhile, look for an abort.
+        while not readable(sock, min(POLL, rdv.deadline - time.monotonic())):
+            if rdv.expired():
+                raise CollectiveTimeout(
+                    f"{rdv.what}: rank {peer} did not take this rank's connection in time (it is still connecting "
+                    "to a rank below it?)",
+                    rank=rdv.rank,
+                    waiting_for=(peer,),
+                )
+            rdv.check()
+        try:
+            connect_handshake(sock, secret, rdv.deadline, rdv.what, peer)
+            sock.sendall(encode_header(HELLO, rdv.rank, 0, rdv.world_size, 0))
+            claimed, size = _read_hello(sock, rdv.deadline, rdv.what, peer)
+        except (PeerLost, ProtocolError) as exc:  # the peer refused our HELLO, perhaps
+            rdv.check_after(exc)
     except BaseException:
         sock.close()
         raise
+    if (claimed, size) != (peer, rdv.world_size):
+        sock.close()
+        rdv.abort(
+            InvalidArgument(
+                f"the process at rank {peer}'s address introduced itself as rank {claimed} of a job of {size} ranks, "
+                f"to rank {rdv.rank} of a job of {rdv.world_size}: start every rank with the same WORLD_SIZE and its "
+                "own RANK"
+            )
+        )
     return sock
 
 
-def _accept_all(
-    rank: int, world_size: int, listener: socket.socket, secret: bytes, deadline: float, what: str
-) -> Iterator[tuple[int, socket.socket]]:
+def _accept_all(rdv: Rendezvous, listener: socket.socket, secret: bytes) -> Iterator[tuple[int, socket.socket]]:
+    rank, world_size = rdv.rank, rdv.world_size
     waiting = set(range(rank + 1, world_size))
     while waiting:
-        left = deadline - time.monotonic()
+        left = rdv.deadline - time.monotonic()
         if left <= 0:
             raise CollectiveTimeout(
-                f"{what}: ranks {sorted(waiting)} never connected to rank {rank}",
+                f"{rdv.what}: ranks {sorted(waiting)} never connected to rank {rank}",
                 rank=rank,
                 waiting_for=tuple(sorted(waiting)),
             )
-        listener.settimeout(min(left, 1.0))
+        rdv.check_due()
+        listener.settimeout(min(left, POLL))
         try:
             sock, _ = listener.accept()
         except TimeoutError:
             continue
         tune(sock)
         try:
-            accept_handshake(sock, secret, deadline, what)
-            peer = _check_hello(rank, world_size, sock, deadline, what, expect=None)
-            if peer not in waiting:
-                raise ProtocolError(f"{what}: a second connection claims to be rank {peer}")
-            sock.sendall(encode_header(HELLO, rank, 0, world_size, 0))
-        except FerrodistError:
+            accept_handshake(sock, secret, rdv.deadline, rdv.what)
+        except (FerrodistError, OSError):
             sock.close()  # a stranger or a refused process: keep waiting for the real peers
             continue
+        try:  # a process holding the job's token: what it says about itself must fit
+            peer, size = _read_hello(sock, rdv.deadline, rdv.what, -1)
+            problem = _hello_problem(rank, world_size, waiting, peer, size)
+            if problem is None:
+                sock.sendall(encode_header(HELLO, rank, 0, world_size, 0))
+        except (FerrodistError, OSError) as exc:
+            sock.close()
+            rdv.abort(
+                ProtocolError(f"a process of this job connected to rank {rank} but did not introduce itself ({exc})")
+            )
+        if problem is not None:
+            sock.close()
+            rdv.abort(InvalidArgument(problem))
         waiting.discard(peer)
         yield peer, sock
 
 
-def _check_hello(
-    rank: int, world_size: int, sock: socket.socket, deadline: float, what: str, expect: int | None
-) -> int:
-    who = -1 if expect is None else expect
-    hello = decode_header(
-        recv_exact(sock, HEADER.size, deadline, what, who), expected_sequence=0, max_length=0, peer=who
-    )
-    peer, size = hello.tag, hello.fingerprint
-    if hello.kind != HELLO or size != world_size or not 0 <= peer < size or peer == rank:
-        raise ProtocolError(
-            f"{what}: a peer introduced itself as rank {peer} of {size}; this job has {world_size} ranks"
+def _hello_problem(rank: int, world_size: int, waiting: set[int], peer: int, size: int) -> str | None:
+    """What is wrong with a HELLO from ``peer`` of a job of ``size`` ranks, if anything."""
+    if size != world_size:
+        return (
+            f"rank {peer} was started with WORLD_SIZE={size} and rank {rank} with WORLD_SIZE={world_size}: "
+            "start every rank with the same WORLD_SIZE"
         )
-    if expect is not None and peer != expect:
-        raise ProtocolError(f"{what}: rank {expect}'s address is now used by rank {peer}")
-    return peer
+    if peer in waiting:
+        return None
+    if rank < peer < world_size:
+        return f"two processes were started as rank {peer} (both connected to rank {rank}): give each its own RANK"
+    return (
+        f"a process introduced itself to rank {rank} as rank {peer}, but only ranks {rank + 1} to {world_size - 1} "
+        f"connect to rank {rank}: two processes were started as rank {peer}, or RANK is wrong"
+    )
+
+
+def _read_hello(sock: socket.socket, deadline: float, what: str, who: int) -> tuple[int, int]:
+    """The rank and world size a peer's HELLO claims (within the handshake limit)."""
+    short = min(deadline, time.monotonic() + HANDSHAKE_LIMIT)
+    hello = decode_header(recv_exact(sock, HEADER.size, short, what, who), expected_sequence=0, max_length=0, peer=who)
+    if hello.kind != HELLO:
+        raise ProtocolError(f"{what}: the first frame of a connection was not a HELLO")
+    return hello.tag, hello.fingerprint

@@ -31,7 +31,9 @@ from ferrodist.core._reduce import half_opcode, pairwise_opcode
 
 from . import _chunks
 from ._arena import COPIED, GATHERED, Arena
+from ._auth import job_token
 from ._protocol import DEFAULT_TIMEOUT
+from ._rendezvous import Rendezvous, report_bad_start
 from ._segment import SegmentGone, create_segment, open_segment
 from ._tcp import TcpTransport
 
@@ -398,12 +400,19 @@ class ShmTransport(TcpTransport):
         chunk: int | None = None,
         slots: int | None = None,
     ) -> ShmTransport:
+        """``TcpTransport.connect``, then the shared-memory arena: rank 0 creates it, every
+        rank maps it. A rank that cannot (or whose slot sizes differ from rank 0's) makes
+        every rank fail at once with its reason."""
         chunk = chunk or int(os.environ.get("FERRODIST_SHM_CHUNK", DEFAULT_CHUNK))
         slots = slots or int(os.environ.get("FERRODIST_SHM_SLOTS", DEFAULT_SLOTS))
         if chunk < 64 or chunk % 64 or not 1 <= slots <= 6:
-            raise InvalidArgument(
-                f"shared memory: chunk must be a positive multiple of 64 bytes and slots 1..6, got {chunk}, {slots}"
+            bad = InvalidArgument(
+                f"rank {rank}: shared memory: chunk must be a positive multiple of 64 bytes and slots 1..6, got "
+                f"{chunk}, {slots} (FERRODIST_SHM_CHUNK, FERRODIST_SHM_SLOTS)"
             )
+            report_bad_start(rank, world_size, master_addr, master_port, job_token() if token is None else token, bad)
+            raise bad
+        deadline = time.monotonic() + timeout
         self = super().connect(
             rank=rank,
             world_size=world_size,
@@ -414,37 +423,47 @@ class ShmTransport(TcpTransport):
             max_frame_bytes=max_frame_bytes,
         )
         assert isinstance(self, ShmTransport)
+        what = f"rank {rank}: opening the shared memory of a job of {world_size} ranks"
+        rdv = Rendezvous(self.store, rank, world_size, deadline, what)
         try:
-            self._arena = self._open_arena(chunk, slots, time.monotonic() + timeout)
+            self._arena = self._open_arena(rdv, chunk, slots)
         except BaseException:
+            if rdv.aborted and rank == 0:
+                rdv.linger()
             self.close()
             raise
         return self
 
-    def _open_arena(self, chunk: int, slots: int, deadline: float) -> Arena:
+    def _open_arena(self, rdv: Rendezvous, chunk: int, slots: int) -> Arena:
         """Rank 0 makes the arena's segment (see ``_segment``) and holds it until every rank
         has mapped it; the others open it by the address rank 0 publishes in the store.
 
         Nothing is left behind whatever rank is killed, and when: the segment has no name
         (or, without memfd, loses it once mapped everywhere). A rank 0 that dies before a
-        rank has mapped the arena makes that rank raise ``PeerLost`` naming rank 0.
+        rank has mapped the arena makes that rank raise ``PeerLost`` naming rank 0; a rank
+        that cannot map it, or whose slot sizes differ from rank 0's, aborts the start of
+        every rank with its reason (``rdv``).
         """
         store, rank, world = self.store, self.rank, self.world_size
         host = f"{socket.gethostname()}/{_boot_id()}"
-        store.set(f"ferrodist/shm/host/{rank}", host)
-        hosts = {store.get(f"ferrodist/shm/host/{r}", timeout=_left(deadline)).decode() for r in range(world)}
+        store.set(f"ferrodist/shm/host/{rank}", host, timeout=rdv.left())
+        hosts = {rdv.get(f"ferrodist/shm/host/{r}", r, "said which host it is on").decode() for r in range(world)}
         if len(hosts) > 1:
             raise BackendUnavailable(
                 f"rank {rank}: the shm backend needs every rank on one host, but they are on {len(hosts)}; "
                 "use backend='tcp' (or 'auto')"
             )
+        size = Arena.size(world, chunk, slots)
         if rank == 0:
-            segment = create_segment(Arena.size(world, chunk, slots))
+            try:
+                segment = create_segment(size)
+            except OSError as exc:
+                rdv.abort(BackendUnavailable(f"rank 0 could not create the shared memory ({exc})"))
             try:
                 arena = Arena.create(segment.fd, rank, world, chunk, slots)
                 try:
-                    store.set("ferrodist/shm/segment", segment.address)
-                    self._wait_attached(deadline)
+                    store.set("ferrodist/shm/segment", f"{chunk} {slots} {segment.address}", timeout=rdv.left())
+                    self._wait_attached(rdv)
                 except BaseException:
                     arena.close()
                     raise
@@ -453,38 +472,46 @@ class ShmTransport(TcpTransport):
             return arena
         what = f"rank {rank}: waiting for rank 0's shared-memory arena"
         try:
-            address = store.get("ferrodist/shm/segment", timeout=_left(deadline)).decode()
+            their_chunk, their_slots, address = (
+                rdv.get("ferrodist/shm/segment", 0, "created the shared memory").decode().split(" ", 2)
+            )
         except PeerLost as exc:
             raise exc.with_context(f"{what} (rank 0 is gone; see its output for why)", rank=rank) from None
-        except CollectiveTimeout:
-            raise CollectiveTimeout(
-                f"{what}: rank 0 did not make it within the timeout", rank=rank, waiting_for=(0,)
-            ) from None
+        if (int(their_chunk), int(their_slots)) != (chunk, slots):
+            rdv.abort(
+                InvalidArgument(
+                    f"rank {rank} has FERRODIST_SHM_CHUNK={chunk}, FERRODIST_SHM_SLOTS={slots} but rank 0 has "
+                    f"{their_chunk}, {their_slots}: give every rank the same values"
+                )
+            )
         try:
-            fd = open_segment(address, Arena.size(world, chunk, slots))
+            fd = open_segment(address, size)
         except SegmentGone as exc:
-            raise self._creator_lost(what, str(exc), deadline) from None
+            raise self._creator_lost(what, str(exc), rdv.deadline) from None
+        except (OSError, ValueError) as exc:
+            rdv.abort(BackendUnavailable(f"rank {rank} could not map the shared memory ({exc})"))
         try:
             arena = Arena.attach(fd, rank, world, chunk, slots)
         finally:
             os.close(fd)
-        store.set(f"ferrodist/shm/attached/{rank}", b"")
+        store.set(f"ferrodist/shm/attached/{rank}", b"", timeout=rdv.left())
         return arena
 
-    def _wait_attached(self, deadline: float) -> None:
+    def _wait_attached(self, rdv: Rendezvous) -> None:
         """Rank 0: return once every other rank has mapped the arena; raise as soon as one
-        is lost, or at the deadline naming the ranks that did not map it."""
+        is lost or the start is aborted, or at the deadline naming the ranks that did not."""
         store, world = self.store, self.world_size
         keys = [f"ferrodist/shm/attached/{r}" for r in range(1, world)]
         while keys:
             try:
-                store.wait(keys, timeout=min(_left(deadline), 0.1))
+                store.wait(keys, timeout=min(rdv.left(), 0.1))
                 return
             except CollectiveTimeout:
                 pass
             for error in list(self._lost.values()):
                 raise error.with_context("rank 0: a rank was lost before it mapped the shared-memory arena")
-            if _left(deadline) <= 0:
+            rdv.check_due()
+            if rdv.expired():
                 late = [r for r in range(1, world) if not store.check([f"ferrodist/shm/attached/{r}"])]
                 raise CollectiveTimeout(
                     f"rank 0: ranks {late} did not map the shared-memory arena within the timeout",

@@ -3,37 +3,63 @@
 Requests and answers are length-prefixed binary records on an authenticated TCP
 connection (see ``_auth``). ``get`` and ``wait`` block on the server until the keys
 exist or the caller's timeout passes, so ranks never poll.
+
+Every request of the client has a deadline, the caller's ``timeout``: the server's own
+wait ends a little before it, so that its answer arrives in time, and a store that does
+not answer by then (rank 0 stopped or overloaded) is a ``CollectiveTimeout``. The
+connection that timed out is dropped (its answer may still come); the client keeps a few
+connections and opens another when none is free, so one thread's long ``wait`` never
+holds up another thread's ``set``.
+
+Each server has a random id. A client is pinned to the server it first reached and
+never takes an answer from another one (a store of a previous or a later process group
+on the same port); it can also be told which ids to skip while it connects (``refuse``):
+the rendezvous uses that so a rank never joins the store of a group it already left.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import secrets
 import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
-from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost, ProtocolError
+from ferrodist.core import BackendUnavailable, CollectiveTimeout, InvalidArgument, PeerLost, ProtocolError
 
-from ._auth import accept_handshake, connect_handshake, job_token
-from ._net import connect_with_retry, listen, recv_exact
+from ._auth import NotFerrodist, accept_handshake, connect_handshake, job_token
+from ._net import HANDSHAKE_LIMIT, connect_with_retry, listen, recv_exact
 
 __all__ = ["StoreClient", "StoreServer"]
 
-_REQUEST = struct.Struct("<BIQd")  # op, key bytes, value bytes, timeout (s)
+_REQUEST = struct.Struct("<BIQd")  # op, key bytes, value bytes, seconds the server may wait
 _ANSWER = struct.Struct("<BQ")  # status, payload bytes
-_SET, _GET, _ADD, _WAIT, _DELETE, _CHECK = range(1, 7)
+_SET, _GET, _ADD, _WAIT, _DELETE, _CHECK, _INFO = range(1, 8)
 _OK, _TIMEOUT, _MISSING, _ERROR = range(4)
 _MAX_RECORD = 64 << 20  # a store value is metadata: refuse anything near this size
+
+
+def _server_wait(timeout: float) -> float:
+    """How long the server may wait for keys within a request of ``timeout`` seconds: a
+    little less, so that its answer reaches the client before the client gives up."""
+    return max(0.0, timeout - min(0.25, timeout / 4))
 
 
 class StoreServer:
     """Serves the store on ``host:port`` from background threads until ``close()``."""
 
-    def __init__(self, host: str, port: int, *, token: bytes | None = None, handshake_timeout: float = 30.0) -> None:
+    def __init__(
+        self, host: str, port: int, *, token: bytes | None = None, handshake_timeout: float = HANDSHAKE_LIMIT
+    ) -> None:
         self._token = job_token() if token is None else token
         self._handshake_timeout = handshake_timeout
         self._listener = listen(host, port, "rendezvous store (rank 0)")
+        #: A random id: clients tell this store from an earlier or later one on the same port.
+        self.store_id = secrets.token_hex(8)
+        self._identity = f"{self.store_id} {os.getpid()} {socket.gethostname()}".encode()
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
         self._closed = False
@@ -92,6 +118,8 @@ class StoreServer:
 
     def _handle(self, op: int, key: str, value: bytes, timeout: float) -> tuple[int, bytes]:
         with self._cond:
+            if op == _INFO:
+                return _OK, self._identity
             if op == _SET:
                 self._data[key] = value
                 self._cond.notify_all()
@@ -120,7 +148,26 @@ class StoreServer:
 
 
 class StoreClient:
-    """A connection to the store on rank 0; safe to share between threads.
+    """Connections to the store on rank 0; safe to share between threads.
+
+    Every method takes ``timeout=`` (seconds; default: the ``timeout`` given here) and
+    returns or raises within it: ``CollectiveTimeout`` when the keys waited for were not
+    set in time, or when the store did not answer in time (rank 0 stopped or overloaded);
+    ``PeerLost`` when the store went away.
+
+    Args:
+        host, port: where rank 0 serves the store (``MASTER_ADDR``, ``MASTER_PORT``).
+        timeout: seconds to reach the store (it may not have started yet: connecting
+            is retried until then), and the default limit of every request.
+        token: the job token (default ``FERRODIST_TOKEN``).
+        rank: this process's rank, for messages.
+        refuse: ids of stores not to use (see ``StoreServer.store_id``): while the store
+            reached has one of them, the client waits for another to replace it.
+
+    Raises:
+        BackendUnavailable: what listens on ``host:port`` is not a ferrodist store.
+        AuthenticationFailed: the store does not hold this job's token (or we do not).
+        CollectiveTimeout: no store could be reached within ``timeout``.
 
     Example:
         >>> store = StoreClient("127.0.0.1", 29500, timeout=30)
@@ -129,66 +176,237 @@ class StoreClient:
         b'10.0.0.1:40001'
     """
 
-    def __init__(self, host: str, port: int, *, timeout: float, token: bytes | None = None, rank: int | None = None):
-        self._where = (
-            f"rank {rank}: rendezvous store at {host}:{port}" if rank is not None else f"store at {host}:{port}"
-        )
-        deadline = time.monotonic() + timeout
-        self._sock = connect_with_retry(host, port, deadline, self._where, peer=0)
-        try:
-            connect_handshake(self._sock, job_token() if token is None else token, deadline, self._where, peer=0)
-        except BaseException:
-            self._sock.close()
-            raise
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout: float,
+        token: bytes | None = None,
+        rank: int | None = None,
+        refuse: Collection[str] = (),
+    ) -> None:
+        self._host, self._port, self._rank = host, port, rank
+        self._who = f"rank {rank}: " if rank is not None else ""
+        self._where = f"{self._who}rendezvous store at {host}:{port}"
+        self._timeout = _seconds(timeout, "StoreClient: timeout")
+        self._token = job_token() if token is None else token
         self._lock = threading.Lock()
+        self._idle: list[socket.socket] = []
+        self._busy: set[socket.socket] = set()
+        self._closed = False
+        self.store_id = ""
+        #: The process that hosts the store, as ``"pid N on HOST"``.
+        self.host_process = ""
+        self._idle.append(self._first_connection(time.monotonic() + self._timeout, frozenset(refuse)))
+
+    # -- connections ------------------------------------------------------------------------------
+    def _first_connection(self, deadline: float, refuse: frozenset[str]) -> socket.socket:
+        """Connect (retrying until ``deadline``: rank 0 may not listen yet) to a store whose
+        id is not in ``refuse``, and pin this client to it."""
+        delay, stale, dropped_since = 0.02, "", None
+        while True:
+            sock = connect_with_retry(self._host, self._port, deadline, self._where, peer=0)
+            try:
+                identity = self._introduce(sock, deadline, self._timeout)
+                dropped_since = None
+            except PeerLost:  # a store shutting down dropped us: its successor may come
+                sock.close()
+                identity = None
+                dropped_since = dropped_since or time.monotonic()
+                if time.monotonic() - dropped_since > HANDSHAKE_LIMIT:
+                    raise BackendUnavailable(
+                        f"{self._who}the process listening on {self._host}:{self._port} (MASTER_ADDR:MASTER_PORT) "
+                        f"closed every connection for {HANDSHAKE_LIMIT:g} s without the ferrodist handshake: it is "
+                        "not a ferrodist store; choose a free MASTER_PORT (`ferrodist run` picks one by itself)",
+                        rank=self._rank,
+                    ) from None
+            except BaseException:
+                sock.close()
+                raise
+            if identity is not None:
+                store_id, pid, host = identity
+                if store_id not in refuse:
+                    self.store_id, self.host_process = store_id, f"pid {pid} on {host}"
+                    return sock
+                sock.close()
+                stale = f"pid {pid} on {host}"
+            if time.monotonic() + delay > deadline:
+                if stale:
+                    raise CollectiveTimeout(
+                        f"{self._who}the store at {self._host}:{self._port} ({stale}) is still the one of a "
+                        "process group this rank has already left: rank 0 did not destroy that group and start a "
+                        "new one in time (every rank must call destroy_process_group() before "
+                        "init_process_group() again)",
+                        rank=self._rank,
+                        waiting_for=(0,),
+                    )
+                raise CollectiveTimeout(
+                    f"{self._who}the store at {self._host}:{self._port} kept closing connections until the deadline "
+                    "(rank 0 is shutting it down?)",
+                    rank=self._rank,
+                    waiting_for=(0,),
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    def _introduce(self, sock: socket.socket, deadline: float, limit: float) -> tuple[str, str, str]:
+        """The token handshake on a new connection, then the store's id, pid and host
+        (``limit``: the seconds the caller gave, for messages)."""
+        try:
+            connect_handshake(sock, self._token, deadline, self._where, peer=0)
+        except NotFerrodist as exc:
+            raise BackendUnavailable(
+                f"{self._who}the process listening on {self._host}:{self._port} (MASTER_ADDR:MASTER_PORT) is not a "
+                f"ferrodist store: {exc.reason}. Another program holds that port (or rank 0 is stopped): choose a "
+                "free MASTER_PORT (`ferrodist run` picks one by itself)",
+                rank=self._rank,
+            ) from None
+        except CollectiveTimeout:
+            raise self._no_answer(limit) from None
+        status, payload = self._exchange(sock, _INFO, b"", b"", 0.0, deadline, limit)
+        parts = payload.decode(errors="replace").split()
+        if status != _OK or len(parts) != 3:
+            raise ProtocolError(f"{self._where}: the store answered its introduction with {payload[:80]!r}")
+        return parts[0], parts[1], parts[2]
+
+    def _take(self, deadline: float, limit: float) -> socket.socket:
+        """A free connection to this client's store, or a new one."""
+        with self._lock:
+            self._check_open()
+            sock = self._idle.pop() if self._idle else None
+        if sock is None:
+            sock = connect_with_retry(self._host, self._port, deadline, self._where, peer=0, retry=False)
+            try:
+                store_id, _, _ = self._introduce(sock, deadline, limit)
+            except BaseException:
+                sock.close()
+                raise
+            if store_id != self.store_id:
+                sock.close()
+                raise PeerLost(
+                    f"{self._who}the store at {self._host}:{self._port} is not the one this client joined any more: "
+                    "rank 0 closed it (it destroyed its process group) and another took its port",
+                    peer=0,
+                    rank=self._rank,
+                )
+        with self._lock:
+            if self._closed:
+                _shutdown(sock)
+                self._check_open()
+            self._busy.add(sock)
+        return sock
+
+    def _give(self, sock: socket.socket, reusable: bool) -> None:
+        with self._lock:
+            self._busy.discard(sock)
+            if reusable and not self._closed:
+                self._idle.append(sock)
+                return
+        _shutdown(sock)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PeerLost(f"{self._who}this store client is closed", peer=0, rank=self._rank)
 
     def close(self) -> None:
-        _shutdown(self._sock)
-
-    def _call(self, op: int, key: str, value: bytes = b"", timeout: float = 0.0) -> tuple[int, bytes]:
-        raw_key = key.encode()
+        """Close every connection (a request in flight in another thread fails at once)."""
         with self._lock:
-            try:
-                self._sock.settimeout(timeout + 30.0)  # the server answers by then, or is gone
-                self._sock.sendall(_REQUEST.pack(op, len(raw_key), len(value), timeout) + raw_key + value)
-                deadline = time.monotonic() + timeout + 30.0
-                status, length = _ANSWER.unpack(recv_exact(self._sock, _ANSWER.size, deadline, self._where, 0))
-                if length > _MAX_RECORD:
-                    raise ProtocolError(f"{self._where}: answered a record of {length} bytes")
-                payload = recv_exact(self._sock, length, deadline, self._where, 0) if length else b""
-            except (TimeoutError, OSError) as exc:
-                raise PeerLost(f"{self._where}: the store stopped answering ({exc})", peer=0) from None
+            self._closed = True
+            socks, self._idle = [*self._idle, *self._busy], []
+            self._busy.clear()
+        for sock in socks:
+            _shutdown(sock)
+
+    # -- requests ---------------------------------------------------------------------------------
+    def _no_answer(self, limit: float) -> CollectiveTimeout:
+        return CollectiveTimeout(
+            f"{self._who}the store on rank 0 ({self._host}:{self._port}) did not answer within {limit:g} s "
+            "(rank 0 may be stopped or overloaded)",
+            rank=self._rank,
+            waiting_for=(0,),
+        )
+
+    def _exchange(
+        self, sock: socket.socket, op: int, key: bytes, value: bytes, wait: float, deadline: float, limit: float
+    ) -> tuple[int, bytes]:
+        """One request and its answer on ``sock``, both before ``deadline``."""
+        try:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            sock.sendall(_REQUEST.pack(op, len(key), len(value), wait) + key + value)
+            status, length = _ANSWER.unpack(recv_exact(sock, _ANSWER.size, deadline, self._where, 0))
+            if length > _MAX_RECORD:
+                raise ProtocolError(f"{self._where}: answered a record of {length} bytes")
+            payload = recv_exact(sock, length, deadline, self._where, 0) if length else b""
+        except TimeoutError:  # CollectiveTimeout from recv_exact, or the send's socket timeout
+            raise self._no_answer(limit) from None
+        except OSError as exc:  # PeerLost from recv_exact, or a failed send
+            reason = "it closed the connection" if isinstance(exc, PeerLost) else f"the connection broke ({exc})"
+            raise PeerLost(
+                f"{self._who}the store on rank 0 ({self._host}:{self._port}) went away: {reason}; rank 0 exited, "
+                "crashed or destroyed its process group",
+                peer=0,
+                rank=self._rank,
+            ) from None
         if status == _ERROR:
-            raise PeerLost(f"{self._where}: {payload.decode(errors='replace')}", peer=0)
+            raise PeerLost(f"{self._where}: {payload.decode(errors='replace')}", peer=0, rank=self._rank)
         return status, payload
 
-    def set(self, key: str, value: bytes | str) -> None:
-        self._call(_SET, _key(key), value.encode() if isinstance(value, str) else bytes(value))
+    def _call(self, op: int, key: str, value: bytes, timeout: float | None, waits: bool = False) -> tuple[int, bytes]:
+        limit = self._limit(timeout)
+        deadline = time.monotonic() + limit
+        sock = self._take(deadline, limit)
+        reusable = False
+        try:
+            wait = _server_wait(limit) if waits else 0.0
+            answer = self._exchange(sock, op, key.encode(), value, wait, deadline, limit)
+            reusable = True
+            return answer
+        finally:
+            # A connection whose answer did not come is dropped: that answer may still arrive.
+            self._give(sock, reusable)
 
-    def get(self, key: str, *, timeout: float) -> bytes:
+    def _limit(self, timeout: float | None) -> float:
+        return self._timeout if timeout is None else _seconds(timeout, f"{self._where}: timeout")
+
+    def set(self, key: str, value: bytes | str, *, timeout: float | None = None) -> None:
+        """Set ``key`` to ``value``."""
+        self._call(_SET, _key(key), value.encode() if isinstance(value, str) else bytes(value), timeout)
+
+    def get(self, key: str, *, timeout: float | None = None) -> bytes:
         """The value of ``key``, waiting up to ``timeout`` seconds for it to be set."""
-        status, payload = self._call(_GET, _key(key), timeout=timeout)
+        limit = self._limit(timeout)
+        status, payload = self._call(_GET, _key(key), b"", limit, waits=True)
         if status == _TIMEOUT:
-            raise CollectiveTimeout(f"{self._where}: key {key!r} was not set within {timeout:g} s")
+            raise CollectiveTimeout(f"{self._where}: key {key!r} was not set within {limit:g} s", rank=self._rank)
         return payload
 
-    def add(self, key: str, amount: int) -> int:
+    def add(self, key: str, amount: int, *, timeout: float | None = None) -> int:
         """Add ``amount`` to the integer at ``key`` (0 if unset) and return the new value."""
-        return int(self._call(_ADD, _key(key), str(int(amount)).encode())[1])
+        return int(self._call(_ADD, _key(key), str(int(amount)).encode(), timeout)[1])
 
-    def wait(self, keys: Iterable[str], *, timeout: float) -> None:
+    def wait(self, keys: Iterable[str], *, timeout: float | None = None) -> None:
         """Block until every key is set; ``CollectiveTimeout`` names the missing ones."""
         names = [_key(k) for k in keys]
-        status, payload = self._call(_WAIT, "\n".join(names), timeout=timeout)
+        limit = self._limit(timeout)
+        status, payload = self._call(_WAIT, "\n".join(names), b"", limit, waits=True)
         if status == _TIMEOUT:
             missing = payload.decode().split("\n")
-            raise CollectiveTimeout(f"{self._where}: keys {missing} were not set within {timeout:g} s")
+            raise CollectiveTimeout(f"{self._where}: keys {missing} were not set within {limit:g} s", rank=self._rank)
 
-    def check(self, keys: Iterable[str]) -> bool:
-        return self._call(_CHECK, "\n".join(_key(k) for k in keys))[1] == b"1"
+    def check(self, keys: Iterable[str], *, timeout: float | None = None) -> bool:
+        """Whether every key is set (without waiting for them)."""
+        return self._call(_CHECK, "\n".join(_key(k) for k in keys), b"", timeout)[1] == b"1"
 
-    def delete(self, key: str) -> bool:
-        return self._call(_DELETE, _key(key))[1] == b"1"
+    def delete(self, key: str, *, timeout: float | None = None) -> bool:
+        """Remove ``key``; whether it was there."""
+        return self._call(_DELETE, _key(key), b"", timeout)[1] == b"1"
+
+
+def _seconds(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+        raise InvalidArgument(f"{what} must be a non-negative number of seconds, not {value!r}")
+    return float(value)
 
 
 def _key(key: str) -> str:

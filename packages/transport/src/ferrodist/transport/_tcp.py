@@ -33,7 +33,7 @@ from ._frames import ABORT, DATA, GOODBYE, HEADER, decode_header, encode_header
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._net import local_address
 from ._protocol import DEFAULT_TIMEOUT
-from ._rendezvous import mesh
+from ._rendezvous import Rendezvous, mesh, open_store, report_bad_start
 from ._store import StoreClient, StoreServer
 
 __all__ = ["TcpTransport"]
@@ -418,36 +418,63 @@ class TcpTransport:
         max_frame_bytes: int | None = None,
     ) -> TcpTransport:
         """Join the job: rank 0 hosts the store on ``master_addr:master_port``, every rank
-        publishes its own listening address there, and the ranks connect pairwise.
+        registers there and publishes its own listening address, and the ranks connect
+        pairwise (see ``_rendezvous``). A bad start (two processes with one rank, ranks
+        with different world sizes, the master port held by something else) fails on every
+        rank within seconds, with the same error.
 
         Raises:
-            BackendUnavailable: rank 0 cannot listen on the master port (say, it is in use).
+            InvalidArgument: this rank's ``rank`` or ``world_size`` is wrong, or contradicts
+                another rank's (the same error on every rank).
+            BackendUnavailable: rank 0 cannot listen on the master port (say, it is in
+                use), or what listens there is not this job's store.
             CollectiveTimeout: a rank did not show up within ``timeout``; names it.
             AuthenticationFailed: a peer (or the store) does not hold this job's token.
         """
-        if not isinstance(world_size, int) or world_size < 1 or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise InvalidArgument(
-                f"TcpTransport.connect: need 0 <= rank < world_size, got rank={rank!r}, world_size={world_size!r}"
-            )
         secret = job_token() if token is None else token
+        deadline = time.monotonic() + timeout
+        if not isinstance(world_size, int) or world_size < 1 or not isinstance(rank, int) or not 0 <= rank < world_size:
+            bad = InvalidArgument(
+                f"rank {rank}: TcpTransport.connect: need 0 <= rank < world_size, got rank={rank!r}, "
+                f"world_size={world_size!r} (RANK and WORLD_SIZE): start every rank with the same WORLD_SIZE and "
+                "a RANK below it"
+            )
+            report_bad_start(rank, world_size, master_addr, master_port, secret, bad)
+            raise bad
         limit = max_frame_bytes or int(os.environ.get("FERRODIST_MAX_FRAME_BYTES", _DEFAULT_MAX_FRAME))
         self = cls(rank, world_size, timeout=timeout, max_frame_bytes=limit)
-        deadline = time.monotonic() + timeout
         what = f"rank {rank}: joining a job of {world_size} ranks through {master_addr}:{master_port}"
+        rdv: Rendezvous | None = None
         try:
-            if rank == 0:
-                self._server = StoreServer(
-                    "0.0.0.0" if local_address(master_addr) != "127.0.0.1" else "127.0.0.1", master_port, token=secret
-                )
-            self._store = StoreClient(master_addr, master_port, timeout=timeout, token=secret, rank=rank)
-            for peer, sock in mesh(rank, world_size, self._store, local_address(master_addr), secret, deadline, what):
+            self._store, self._server = open_store(rank, master_addr, master_port, secret, deadline, what)
+            rdv = Rendezvous(self._store, rank, world_size, deadline, what)
+            rdv.join()
+            for peer, sock in mesh(rdv, local_address(master_addr), secret):
                 self._add_link(peer, sock)
         except BaseException:
+            if rdv is not None and rdv.aborted and self._server is not None:
+                rdv.linger()  # the others read the reason from this store: keep it up until they have
             self.close()
             raise
         for link in self._links.values():
             link.thread.start()
         return self
+
+    @staticmethod
+    def report_bad_start(
+        error: FerrodistError,
+        *,
+        rank: object,
+        world_size: object,
+        master_addr: str,
+        master_port: int,
+        token: bytes | None = None,
+    ) -> None:
+        """This process cannot join the job starting at ``master_addr:master_port`` (its
+        ``rank`` or ``world_size`` is wrong, say): tell the ranks waiting for it why
+        (``error``), so that they fail now with that reason instead of at their timeout.
+        Best effort, a few seconds at most; the caller raises ``error`` afterwards."""
+        report_bad_start(rank, world_size, master_addr, master_port, job_token() if token is None else token, error)
 
     def _add_link(self, peer: int, sock: socket.socket) -> None:
         self._links[peer] = _Link(self, peer, sock)
