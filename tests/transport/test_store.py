@@ -168,6 +168,15 @@ HOST_A_STORE = (
 )
 
 
+def _until_stopped(pid: int) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.001)
+
+
 @pytest.fixture
 def stopped_store():
     """A client (default timeout 1 s) of a store whose process is then stopped with SIGSTOP,
@@ -178,6 +187,7 @@ def stopped_store():
         client = StoreClient("127.0.0.1", port, timeout=1, token=TOKEN, rank=1)
         client.set("here", b"1")
         os.kill(host.pid, signal.SIGSTOP)
+        _until_stopped(host.pid)  # the signal takes effect a moment later: a request may slip in
         yield client, port
     finally:
         host.kill()

@@ -509,6 +509,7 @@ class ShmTransport(TcpTransport):
             except CollectiveTimeout:
                 pass
             for error in list(self._lost.values()):
+                rdv.check()  # a rank that left because the start was aborted: raise the reason
                 raise error.with_context("rank 0: a rank was lost before it mapped the shared-memory arena")
             rdv.check_due()
             if rdv.expired():
