@@ -34,23 +34,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ferrodist.collectives._fingerprint import OPERATIONS  # every collective there is
+
 SCRIPT = Path(__file__).parent / "scripts" / "chaos.py"
 #: Seconds past a call's deadline within which it must have raised.
 SLACK = 1.0
 TIMEOUT = 2.0
 #: Seconds a whole schedule may take before it counts as a hang.
 JOB_LIMIT = 90.0
-OPERATIONS = (
-    "all_reduce",
-    "broadcast",
-    "reduce",
-    "all_gather",
-    "reduce_scatter",
-    "gather",
-    "scatter",
-    "all_to_all",
-    "barrier",
-)
 FAULTS = ("none", "none", "kill", "kill", "stop", "stop-short", "raise", "delay")
 
 
