@@ -7,7 +7,8 @@ kind on the world group or on subgroups (in one thread, or a thread per group), 
 ``async_op=True`` and in flight together, of 1 to 300000 elements (several
 shared-memory chunks), and one fault: none, SIGKILL of
 a rank (before or in the middle of a call), SIGSTOP past the deadline, SIGSTOP well
-under it, an exception in a rank's own code, or a delay under the deadline.
+under it, an exception in a rank's own code, a delay under the deadline, or (by hand) a
+second process started as the same rank.
 
 ``run_schedule`` runs it (scripts/chaos.py on every rank) and returns the violations of
 the invariant, checked on every rank:
@@ -18,6 +19,7 @@ the invariant, checked on every rank:
 - with no fault, or one that stays under the deadline, every call returns;
 - after a kill, a long stop or an exception, the first error of every other rank that
   saw one names the faulty rank;
+- a duplicate rank is refused with an ``InvalidArgument`` saying so, within 15 s;
 - no process outlives the job, and no ``/dev/shm/ferrodist-*`` file is left.
 """
 
@@ -42,7 +44,9 @@ SLACK = 1.0
 TIMEOUT = 2.0
 #: Seconds a whole schedule may take before it counts as a hang.
 JOB_LIMIT = 90.0
-FAULTS = ("none", "none", "kill", "kill", "stop", "stop-short", "raise", "delay")
+FAULTS = ("none", "none", "kill", "kill", "stop", "stop-short", "raise", "delay", "duplicate")
+#: Seconds within which every process of a bad start (a duplicate rank) must have given up.
+BAD_START_LIMIT = 15.0
 
 
 def make_schedule(seed: int) -> dict[str, Any]:
@@ -76,7 +80,7 @@ def make_schedule(seed: int) -> dict[str, Any]:
         "seed": seed,
         "ranks": ranks,
         "backend": rng.choice(("shm", "tcp")),
-        "launch": rng.choice(("run", "hand")),
+        "launch": "hand" if kind == "duplicate" else rng.choice(("run", "hand")),
         "threads": rng.random() < 0.3,  # each group's calls in a thread of its own
         "timeout": TIMEOUT,
         "groups": groups,
@@ -104,11 +108,14 @@ def _start(schedule: dict[str, Any], outdir: Path) -> list[subprocess.Popen[byte
         return [subprocess.Popen([*command, str(SCRIPT), spec, str(outdir)], **quiet)]
     port = _free_port()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
+    ranks = list(range(n))
+    if schedule["fault"]["kind"] == "duplicate":  # a second process started as the same rank
+        ranks.append(schedule["fault"]["rank"])
     return [
         subprocess.Popen(
             [sys.executable, str(SCRIPT), spec, str(outdir)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), **quiet
         )
-        for r in range(n)
+        for r in ranks
     ]
 
 
@@ -151,12 +158,32 @@ def run_schedule(schedule: dict[str, Any], outdir: Path) -> list[str]:
     return violations
 
 
+def check_start(schedule: dict[str, Any], outdir: Path) -> list[str]:
+    """A duplicate rank: the processes that could not start must have said why, in time."""
+    seed, violations = schedule["seed"], []
+    starts = [json.loads(p.read_text()) for p in outdir.glob("start-*.json")]
+    if not starts:
+        violations.append(f"seed {seed}: a rank was started twice and no process refused to start")
+    for start in starts:
+        if start["cls"] != "InvalidArgument" or "two processes were started as rank" not in start["message"]:
+            violations.append(f"seed {seed}: a bad start gave {start['cls']}: {start['message']}")
+        if start["seconds"] > BAD_START_LIMIT:
+            violations.append(f"seed {seed}: a bad start took {start['seconds']:.1f} s to be refused")
+    return violations
+
+
 def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
     seed, fault, timeout = schedule["seed"], schedule["fault"], schedule["timeout"]
-    harmless = fault["kind"] in ("none", "stop-short", "delay")
+    harmless = fault["kind"] in ("none", "stop-short", "delay", "duplicate")
     victim = None if harmless else fault["rank"]
     violations = []
-    for rank in range(schedule["ranks"]):
+    ranks = range(schedule["ranks"])
+    if fault["kind"] == "duplicate":
+        # The extra process must be refused, with the reason; the job either stops the
+        # same way on every rank, or (the duplicate came after it had started) runs on.
+        violations += check_start(schedule, outdir)
+        ranks = [r for r in ranks if (outdir / f"rank{r}.jsonl").exists()]
+    for rank in ranks:
         log = outdir / f"rank{rank}.jsonl"
         entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
         entries.sort(key=lambda entry: entry["i"])  # in call order (async calls are logged as they end)

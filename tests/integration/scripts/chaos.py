@@ -184,7 +184,13 @@ class Rank:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     outdir = Path(sys.argv[2])
-    dist.init_process_group(spec["backend"], timeout=spec["timeout"])
+    started = time.monotonic()
+    try:
+        dist.init_process_group(spec["backend"], timeout=spec["timeout"])
+    except FerrodistError as exc:  # a bad start: every process must say why, quickly
+        record = {"cls": type(exc).__name__, "message": str(exc)[:600], "seconds": time.monotonic() - started}
+        (outdir / f"start-{os.getpid()}.json").write_text(json.dumps(record))
+        sys.exit(1)
     (outdir / f"pid{dist.get_rank()}").write_text(str(os.getpid()))
     # Warm up (load the compiled loops, first connections) under a long timeout, so that a
     # loaded machine's slow first call is not taken for a fault.
