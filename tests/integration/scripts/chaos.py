@@ -44,6 +44,23 @@ class Rank:
         for name, members in spec["groups"].items():
             self.groups[name] = dist.new_group(members)  # every rank makes every group, in order
 
+    def warm_up(self) -> None:
+        """Every kind of call the schedule may make, once per dtype and size, under a long
+        timeout: the first call of a kind compiles (or loads) its Numba loops, which on a
+        fresh checkout takes longer than a schedule's timeout; that is not a fault."""
+        spec = dict(self.spec, timeout=300.0, fault={"kind": "none"})
+        warm = Rank.__new__(Rank)
+        warm.__dict__.update(self.__dict__, spec=spec)
+        for name in ["world", *spec["groups"]]:
+            for op in ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"):
+                for dtype in ("float32", "float64", "int32"):
+                    for n in (1, 300_000):
+                        call = {"op": op, "group": name, "dtype": dtype, "n": n, "root": 0, "async": False}
+                        if warm.issue(-1, call) is None:
+                            break
+            for op in ("gather", "scatter", "all_to_all", "barrier"):
+                warm.issue(-1, {"op": op, "group": name, "dtype": "float32", "n": 1, "root": 0, "async": False})
+
     def record(self, i: int, call: dict[str, Any], outcome: str, started: float, **extra: Any) -> None:
         entry = {"i": i, "op": call["op"], "group": call["group"], "outcome": outcome}
         entry["seconds"] = round(time.monotonic() - started, 3)
@@ -192,13 +209,9 @@ def main() -> None:
         (outdir / f"start-{os.getpid()}.json").write_text(json.dumps(record))
         sys.exit(1)
     (outdir / f"pid{dist.get_rank()}").write_text(str(os.getpid()))
-    # Warm up (load the compiled loops, first connections) under a long timeout, so that a
-    # loaded machine's slow first call is not taken for a fault.
-    for dtype in ("float32", "float64", "int32"):
-        for n in (1, 300_000):
-            dist.all_reduce(np.ones(n, dtype), timeout=60)
-    dist.barrier(timeout=60)
-    Rank(spec, outdir).run()
+    rank = Rank(spec, outdir)
+    rank.warm_up()
+    rank.run()
     dist.destroy_process_group()
 
 
