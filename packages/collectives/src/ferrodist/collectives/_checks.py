@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, ReduceOp, Tensor, as_tensor, check_op
+from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, ReduceOp, Tensor, as_tensor, bfloat16, check_op
 
 from ._call import Array
 
@@ -117,3 +117,16 @@ def split_equally(checker: Checker, obj: object, size: int, what: str, *, writea
 
 def flats(tensors: Sequence[Tensor]) -> list[Array]:
     return [t.flat() for t in tensors]
+
+
+def wire_dtype(check: Checker, compress: str | None, t: Tensor, dev: Any) -> Any:
+    """The dtype that travels for ``all_reduce(..., compress=...)``: the tensor's own, or bfloat16."""
+    if compress is None:
+        return t.dtype
+    if compress != "bf16":
+        raise check.fail(f"compress={compress!r} is unknown; use compress='bf16' or leave it out")
+    if dev is None:
+        raise check.fail("compress='bf16' applies to CUDA tensors; CPU tensors are reduced at full precision")
+    if t.dtype.name != "float32":
+        raise check.fail(f"compress='bf16' needs a float32 tensor, not {t.dtype.name}")
+    return bfloat16

@@ -20,14 +20,13 @@ from ferrodist.core import (
     InvalidRank,
     ReduceOp,
     Tensor,
-    bfloat16,
     reducer,
 )
 from ferrodist.transport import Transport
 
 from . import _device, _direct, _doubling, _native, _ring, _tree
 from ._call import Call
-from ._checks import Checker, flats, split_equally
+from ._checks import Checker, flats, split_equally, wire_dtype
 from ._fingerprint import fingerprint
 from ._p2p import PointToPoint
 from ._runner import Runner
@@ -242,7 +241,7 @@ class ProcessGroup(PointToPoint):
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         x = t.flat()
         dev, native = self._route("all_reduce", [t], reduce_op, algorithm, t.nbytes)
-        wire = _compression(check, compress, t, dev)
+        wire = wire_dtype(check, compress, t, dev)
         fp = fingerprint("all_reduce", wire, t.numel, reduce_op)
         if dev is not None:
             return self._runner.launch(
@@ -593,16 +592,3 @@ class ProcessGroup(PointToPoint):
         native, self._native = self._native, None
         if native is not None:
             native.free()
-
-
-def _compression(check: Checker, compress: str | None, t: Tensor, dev: Any) -> Any:
-    """The dtype that travels for ``all_reduce(..., compress=...)``: the tensor's own, or bfloat16."""
-    if compress is None:
-        return t.dtype
-    if compress != "bf16":
-        raise check.fail(f"compress={compress!r} is unknown; use compress='bf16' or leave it out")
-    if dev is None:
-        raise check.fail("compress='bf16' applies to CUDA tensors; CPU tensors are reduced at full precision")
-    if t.dtype.name != "float32":
-        raise check.fail(f"compress='bf16' needs a float32 tensor, not {t.dtype.name}")
-    return bfloat16

@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost, ProtocolError
+from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
 
 from ._aborts import Aborts, Notice, channel_of, decode_notice, encode_notice
 from ._auth import job_token
-from ._frames import ABORT, DATA, GOODBYE, HEADER, decode_header, encode_header
+from ._frames import ABORT, DATA, GOODBYE
+from ._link import DONE, Done, Frame, Link, Pending, Recv
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._net import local_address
 from ._protocol import DEFAULT_TIMEOUT
@@ -38,339 +39,10 @@ from ._store import StoreClient, StoreServer
 
 __all__ = ["TcpTransport"]
 
-_SMALL = 64 << 10  # payloads up to this size go out in one write with their header
 _BARRIER_TAGS = 0xFFFF << 48  # the transport's own barrier messages use tags from here
 _DEFAULT_MAX_FRAME = 16 << 30
-#: Seconds a link stays with the callers after their last claim before its thread reads it again.
-_LINGER = 0.005
-#: Seconds between a reading caller's looks at the aborted channels (notices may come on other links).
-_LOOK = 0.05
 #: Seconds a notice may take to leave for one peer before that link is given up.
 _NOTICE_SEND = 0.5
-
-
-class _Done:
-    """A send: complete when ``isend`` returns (the bytes are in the kernel's hands)."""
-
-    def wait(self, timeout: float | None = None) -> None:
-        return None
-
-    def is_completed(self) -> bool:
-        return True
-
-
-_DONE = _Done()
-
-
-class _Pending:
-    __slots__ = ("buf", "claimed", "done", "error", "fingerprint", "tag")
-
-    def __init__(self, buf: Buffer, tag: int, fingerprint: int) -> None:
-        self.buf = buf
-        self.tag = tag
-        self.fingerprint = fingerprint
-        self.claimed = False  # the receiver thread is reading into buf
-        self.done = False
-        self.error: BaseException | None = None
-
-
-class _Recv:
-    """A posted receive; ``wait`` blocks on the transport's condition variable."""
-
-    def __init__(self, transport: TcpTransport, pending: _Pending, src: int) -> None:
-        self._t = transport
-        self._p = pending
-        self._src = src
-
-    def is_completed(self) -> bool:
-        return self._p.done
-
-    def wait(self, timeout: float | None = None) -> None:
-        self._t._wait_recv(self._p, self._src, self._t.timeout if timeout is None else timeout)
-
-
-class _Frame:
-    """A DATA frame being read: where its payload goes (a posted receive's buffer, a new
-    buffer for a message nobody waits for yet, or pieces of a scratch buffer to drop a
-    mismatched one) and how much is left."""
-
-    __slots__ = ("error", "fingerprint", "kind", "left", "payload", "pending", "piece", "tag")
-
-    def __init__(
-        self, tag: int, fingerprint: int, pending: _Pending | None, error: BaseException | None, kind: int = DATA
-    ) -> None:
-        self.kind = kind
-        self.tag = tag
-        self.fingerprint = fingerprint
-        self.pending = pending
-        self.error = error
-        self.payload: bytearray | None = None
-        self.piece = memoryview(b"")
-        self.left = 0
-
-    def next_piece(self) -> None:
-        scratch = memoryview(bytearray(min(self.left, 1 << 20)))
-        self.piece, self.left = scratch, self.left - len(scratch)
-
-
-class _Link:
-    """The connection to one peer: a send lock and sequence, and a resumable reader.
-
-    The socket is non-blocking; every wait is a ``poll`` with a deadline. Frames are read
-    by whoever holds ``read_lock``, a piece at a time (``advance``): the link's own thread,
-    or a caller waiting for a message from this peer, which reads the frames itself (the
-    hand-off from a reader thread cost more than the transfer of a small message). While
-    callers have the link (``claim``), it is out of the thread's epoll set and the thread
-    sleeps on; a send that waits for room reads such links meanwhile (``_progress``). A
-    reader stops wherever the bytes stop, mid-frame included, and the next one goes on
-    from there: no reader ever waits for a peer while that peer waits for it.
-    """
-
-    def __init__(self, transport: TcpTransport, peer: int, sock: socket.socket) -> None:
-        self.transport = transport
-        self.peer = peer
-        self.sock = sock
-        sock.setblocking(False)
-        self.fd = sock.fileno()
-        self.send_lock = threading.Lock()
-        self.send_seq = 1  # HELLO was frame 0 in both directions
-        self.recv_seq = 1
-        self.read_lock = threading.Lock()
-        self.claim_lock = threading.Lock()
-        self.claims = 0  # callers reading this link themselves; the thread reads when none
-        self.sleepers = 0  # callers sleeping until the reader is free (guarded by transport._cond)
-        self.paused = False  # the thread is not listening (claimed now, or a moment ago)
-        self.released = 0.0  # when the last claim ended
-        self.ended = False  # no more frames will be read: GOODBYE, a broken stream, or close
-        # the frame being read (guarded by read_lock)
-        self._header = memoryview(bytearray(HEADER.size))
-        self._got = 0  # bytes of the header, then of the current piece of payload
-        self._frame: _Frame | None = None
-        self._readable = select.poll()
-        self._readable.register(self.fd, select.POLLIN)
-        self._writable = select.poll()
-        self._writable.register(self.fd, select.POLLOUT)
-        self._events = select.epoll()
-        self._events.register(self.fd, select.EPOLLIN)
-        self.thread = threading.Thread(
-            target=self._receive_loop, name=f"ferrodist-rank{transport.rank}-from{peer}", daemon=True
-        )
-
-    # -- receiving ------------------------------------------------------------------------------
-    def _receive_loop(self) -> None:
-        """The link's thread: read what has arrived whenever no caller has the link."""
-        while not self.ended:
-            if not self._events.poll(self._resume()) and not self.transport._closing:
-                continue
-            self.read_lock.acquire()
-            try:
-                while not self.ended and self.advance(None):
-                    pass
-            finally:
-                self.let_go()
-
-    def claim(self) -> None:
-        """A caller will read this link itself (see ``read_for``): the thread sleeps on."""
-        with self.claim_lock:
-            self.claims += 1
-            if not self.paused:
-                self.paused = True
-                self._listen(0)
-
-    def unclaim(self) -> None:
-        """The caller is done. The thread takes the link back only after ``_LINGER`` idle
-        seconds (see ``_resume``): a caller making call after call keeps it all along, and
-        its peer's next message, often already on its way, is not read by the thread."""
-        with self.claim_lock:
-            self.claims -= 1
-            if self.claims == 0:
-                self.released = time.monotonic()
-
-    def _resume(self) -> float:
-        """The thread's check before it sleeps: take the link back if nobody has claimed it
-        for ``_LINGER`` seconds. Returns how long to sleep before looking again (ten times
-        that while a caller holds the link: a long ``recv`` should not wake it 200 times a
-        second)."""
-        if not self.paused:
-            return 1.0
-        with self.claim_lock:
-            if self.claims:  # a caller reads it now (perhaps for long): look again later
-                return 10 * _LINGER
-            idle = time.monotonic() - self.released
-            if idle < _LINGER:
-                return _LINGER - idle
-            self.paused = False
-            self._listen(select.EPOLLIN)
-            return 1.0
-
-    def _listen(self, events: int) -> None:
-        if not self.ended:
-            try:
-                self._events.modify(self.fd, events)
-            except (OSError, ValueError):  # closed under us: the waits report why
-                pass
-
-    def read_for(self, pending: _Pending, deadline: float) -> None:
-        """A caller's wait, on a claimed link: until ``pending`` is done, the deadline passes
-        or the link ends, read the link's frames, or, while another thread holds the
-        reader, sleep on the transport's condition. The holder delivers every frame (this
-        one's too: each completion wakes the sleepers) and wakes them when it lets go, so
-        one of them takes over; a waiter whose message has come never waits on the
-        reader, which may be waiting for a message that depends on this one's reply."""
-        cond = self.transport._cond
-        if not self.read_lock.acquire(blocking=False):
-            with cond:
-                self.sleepers += 1  # before the retry: a holder letting go now sees it
-                try:
-                    while not self.read_lock.acquire(blocking=False):
-                        if pending.done or self.ended:
-                            return
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            return
-                        cond.wait(left)
-                finally:
-                    self.sleepers -= 1
-        aborts, channel = self.transport._aborts, channel_of(pending.tag)
-        try:
-            while not pending.done and not self.ended and aborts.error(channel) is None:
-                if not self.advance(deadline):
-                    # A notice that aborts this wait may come on another link: look every 50 ms.
-                    if not self._wait(self._readable, min(deadline, time.monotonic() + _LOOK)):
-                        if time.monotonic() >= deadline:
-                            return
-        finally:
-            self.let_go()
-
-    def let_go(self) -> None:
-        """Release the reader and wake the callers sleeping on it (see ``read_for``)."""
-        self.read_lock.release()
-        if self.sleepers:
-            with self.transport._cond:
-                self.transport._cond.notify_all()
-
-    def advance(self, deadline: float | None) -> bool:
-        """Read what has arrived, up to the end of one frame, and deliver a frame that is
-        complete (the caller holds ``read_lock``). True if any bytes came. A failure ends
-        the link and is recorded against the peer and the receive being filled."""
-        t = self.transport
-        try:
-            frame = self._frame
-            view = self._header[self._got :] if frame is None else frame.piece[self._got :]
-            try:
-                n = self.sock.recv_into(view) if len(view) else 0
-            except BlockingIOError:
-                return False
-            if n == 0 and len(view):
-                self._eof()
-            self._got += n
-            if frame is None:
-                if self._got < HEADER.size:
-                    return True
-                self._got = 0
-                frame = self._frame = self._begin()
-            if self._got == len(frame.piece):
-                self._got = 0
-                if frame.left:  # a mismatched payload, read and dropped a piece at a time
-                    frame.next_piece()
-                else:
-                    self._frame = None
-                    t._complete(self, frame)
-            return True
-        except FerrodistError as exc:
-            self._end(exc)
-        except OSError as exc:
-            self._end(
-                PeerLost(
-                    f"the connection from rank {self.peer} broke ({exc.strerror or exc}): it died or was killed",
-                    peer=self.peer,
-                    rank=t.rank,
-                )
-            )
-        except Exception as exc:
-            self._end(ProtocolError(f"reading from rank {self.peer} failed: {exc!r}", rank=t.rank))
-        return False
-
-    def _begin(self) -> _Frame:
-        t = self.transport
-        header = decode_header(self._header, expected_sequence=self.recv_seq, max_length=t._max_frame, peer=self.peer)
-        self.recv_seq += 1
-        if header.kind == GOODBYE and header.length:  # it leaves because of a failure: read why
-            frame = _Frame(header.tag, header.fingerprint, None, None, GOODBYE)
-            frame.payload = bytearray(header.length)
-            frame.piece = memoryview(frame.payload)
-            return frame
-        if header.kind == GOODBYE:
-            raise PeerLost(
-                f"rank {self.peer} closed its transport (it finished, or called destroy_process_group)",
-                peer=self.peer,
-                rank=t.rank,
-            )
-        if header.kind == ABORT:  # a notice: read whole, handled by _complete
-            frame = _Frame(header.tag, header.fingerprint, None, None, ABORT)
-            frame.payload = bytearray(header.length)
-            frame.piece = memoryview(frame.payload)
-            return frame
-        if header.kind != DATA:
-            raise ProtocolError(f"rank {self.peer} sent an unexpected HELLO after the handshake")
-        return t._begin(self, header.tag, header.fingerprint, header.length)
-
-    def _end(self, error: FerrodistError) -> None:
-        self.ended = True
-        frame, self._frame = self._frame, None
-        self.transport._lose(self.peer, error, frame)
-
-    def _eof(self) -> None:
-        if self.transport._closing:
-            raise PeerLost("this transport is closing", peer=self.peer)
-        raise PeerLost(
-            f"rank {self.peer} went away without closing its transport (it exited, crashed or was killed)",
-            peer=self.peer,
-            rank=self.transport.rank,
-        )
-
-    def _wait(self, poller: select.poll, deadline: float) -> bool:
-        """Block until the socket is ready; False once ``deadline`` has passed."""
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if poller.poll(min(left, 1.0) * 1000 + 1):
-                return True
-
-    # -- sending (any thread, one frame at a time) ----------------------------------------------
-    def send(self, kind: int, tag: int, fingerprint: int, payload: Buffer | None, timeout: float) -> None:
-        """Send one frame. Raises ``TimeoutError`` when the peer does not take the bytes in time."""
-        nbytes = 0 if payload is None else payload.nbytes
-        deadline = time.monotonic() + timeout
-        with self.send_lock:
-            header = encode_header(kind, tag, self.send_seq, fingerprint, nbytes)
-            self.send_seq += 1
-            if payload is None or nbytes == 0:
-                self._write(memoryview(header), deadline)
-            elif nbytes <= _SMALL:
-                body = memoryview(payload).cast("B")  # type: ignore[arg-type]
-                try:  # header and payload in one system call, no joined copy
-                    sent = self.sock.sendmsg((header, body))
-                except BlockingIOError:
-                    sent = 0
-                if sent < len(header):
-                    self._write(memoryview(header)[sent:], deadline)
-                    sent = len(header)
-                if sent - len(header) < nbytes:
-                    self._write(body[sent - len(header) :], deadline)
-            else:
-                self._write(memoryview(header), deadline)
-                self._write(memoryview(payload).cast("B"), deadline)  # type: ignore[arg-type]
-
-    def _write(self, view: memoryview, deadline: float) -> None:
-        sent, count = 0, len(view)
-        while sent < count:
-            try:
-                sent += self.sock.send(view[sent:])
-            except BlockingIOError:
-                if not self.transport._progress(self, deadline):
-                    raise TimeoutError from None
 
 
 class TcpTransport:
@@ -391,9 +63,9 @@ class TcpTransport:
         self._world_size = world_size
         self._timeout = float(timeout)
         self._max_frame = max_frame_bytes
-        self._links: dict[int, _Link] = {}
+        self._links: dict[int, Link] = {}
         self._cond = threading.Condition()
-        self._posted: dict[tuple[int, int], collections.deque[_Pending]] = collections.defaultdict(collections.deque)
+        self._posted: dict[tuple[int, int], collections.deque[Pending]] = collections.defaultdict(collections.deque)
         self._unexpected: dict[tuple[int, int], collections.deque[tuple[bytearray, int]]] = collections.defaultdict(
             collections.deque
         )
@@ -477,7 +149,7 @@ class TcpTransport:
         report_bad_start(rank, world_size, master_addr, master_port, job_token() if token is None else token, error)
 
     def _add_link(self, peer: int, sock: socket.socket) -> None:
-        self._links[peer] = _Link(self, peer, sock)
+        self._links[peer] = Link(self, peer, sock)
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -503,11 +175,11 @@ class TcpTransport:
         return f"TcpTransport(rank={self._rank}, world_size={self._world_size})"
 
     # -- receiving -----------------------------------------------------------------------------
-    def _begin(self, link: _Link, tag: int, fingerprint: int, length: int) -> _Frame:
+    def _begin(self, link: Link, tag: int, fingerprint: int, length: int) -> Frame:
         """A DATA frame's header has arrived on ``link``: decide where its payload goes."""
         key = (link.peer, tag)
         if self._aborts.error(channel_of(tag)) is not None:  # read and dropped: nobody will take it
-            frame = _Frame(tag, fingerprint, None, None)
+            frame = Frame(tag, fingerprint, None, None)
             frame.left = length
             frame.next_piece()
             return frame
@@ -519,12 +191,12 @@ class TcpTransport:
             if pending is not None:
                 pending.claimed = True
         if pending is None:
-            frame = _Frame(tag, fingerprint, None, None)
+            frame = Frame(tag, fingerprint, None, None)
             frame.payload = bytearray(length)
             frame.piece = memoryview(frame.payload)
             return frame
         error = check_match(self._rank, link.peer, tag, pending.buf.nbytes, pending.fingerprint, length, fingerprint)
-        frame = _Frame(tag, fingerprint, pending, error)
+        frame = Frame(tag, fingerprint, pending, error)
         if error is None:
             frame.piece = memoryview(pending.buf).cast("B")  # type: ignore[arg-type]
         else:
@@ -532,7 +204,7 @@ class TcpTransport:
             frame.next_piece()
         return frame
 
-    def _complete(self, link: _Link, frame: _Frame) -> None:
+    def _complete(self, link: Link, frame: Frame) -> None:
         """The last byte of ``frame`` has arrived: finish its receive, or keep it for one."""
         if frame.kind == ABORT:
             seq, error = decode_notice(bytes(frame.payload or b""), self._rank, link.peer)
@@ -561,7 +233,7 @@ class TcpTransport:
             else:
                 self._unexpected[key].append((payload, frame.fingerprint))
 
-    def _fill(self, pending: _Pending, src: int, payload: bytearray, fingerprint: int) -> None:
+    def _fill(self, pending: Pending, src: int, payload: bytearray, fingerprint: int) -> None:
         pending.error = check_match(
             self._rank, src, pending.tag, pending.buf.nbytes, pending.fingerprint, len(payload), fingerprint
         )
@@ -569,16 +241,16 @@ class TcpTransport:
             pending.buf[...] = np.frombuffer(payload, np.uint8)
         pending.done = True
 
-    def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> _Recv:
+    def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> Recv:
         src = check_peer(self._rank, self._world_size, src, "recv")
         tag = check_tag(tag, "recv")
-        pending = _Pending(as_bytes(buf, "recv", writeable=True, rank=self._rank), tag, fingerprint)
+        pending = Pending(as_bytes(buf, "recv", writeable=True, rank=self._rank), tag, fingerprint)
         key = (src, tag)
         with self._cond:
             aborted = self._aborts.error(channel_of(tag))
             if aborted is not None:
                 pending.error, pending.done = _fresh(aborted, f"rank {self._rank}: receive from rank {src}"), True
-                return _Recv(self, pending, src)
+                return Recv(self, pending, src)
             arrived = self._unexpected.get(key)
             if arrived:
                 self._fill(pending, src, *arrived.popleft())
@@ -586,12 +258,12 @@ class TcpTransport:
                     del self._unexpected[key]
             else:
                 self._posted[key].append(pending)
-        return _Recv(self, pending, src)
+        return Recv(self, pending, src)
 
     def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.irecv(buf, src, tag, fingerprint=fingerprint).wait(timeout)
 
-    def _wait_recv(self, pending: _Pending, src: int, limit: float) -> None:
+    def _wait_recv(self, pending: Pending, src: int, limit: float) -> None:
         deadline = time.monotonic() + limit
         link = self._links.get(src)
         if not pending.done and link is not None and not link.ended:
@@ -623,12 +295,12 @@ class TcpTransport:
         if pending.error is not None:
             raise pending.error
 
-    def _withdraw(self, pending: _Pending, src: int) -> None:
+    def _withdraw(self, pending: Pending, src: int) -> None:
         queue = self._posted.get((src, pending.tag))
         if queue is not None and pending in queue:
             queue.remove(pending)
 
-    def _lose(self, peer: int, error: FerrodistError, frame: _Frame | None = None) -> None:
+    def _lose(self, peer: int, error: FerrodistError, frame: Frame | None = None) -> None:
         """Record that ``peer`` is gone (or its stream is corrupt) and wake every waiter;
         the receive that ``frame`` was filling fails with ``error``."""
         with self._cond:
@@ -639,9 +311,7 @@ class TcpTransport:
             self._cond.notify_all()
 
     # -- sending -------------------------------------------------------------------------------
-    def isend(
-        self, buf: Buffer, dst: int, tag: int = 0, *, fingerprint: int = 0, timeout: float | None = None
-    ) -> _Done:
+    def isend(self, buf: Buffer, dst: int, tag: int = 0, *, fingerprint: int = 0, timeout: float | None = None) -> Done:
         dst = check_peer(self._rank, self._world_size, dst, "send")
         tag = check_tag(tag, "send")
         payload = as_bytes(buf, "send")
@@ -670,7 +340,7 @@ class TcpTransport:
             )
             self._lose(dst, error)
             raise error from None
-        return _DONE
+        return DONE
 
     def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.isend(buf, dst, tag, fingerprint=fingerprint, timeout=timeout)
@@ -701,7 +371,7 @@ class TcpTransport:
         finally:
             link.unclaim()
 
-    def _progress(self, sending: _Link, deadline: float) -> bool:
+    def _progress(self, sending: Link, deadline: float) -> bool:
         """A send is waiting for room on ``sending``: meanwhile read what has arrived on the
         links callers hold (the thread is not reading those), so that two ranks sending to
         each other cannot block each other. False once ``deadline`` has passed."""
