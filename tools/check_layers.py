@@ -26,6 +26,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "transport": frozenset({"core"}),
     "collectives": frozenset({"transport", "core"}),
     "testing": frozenset({"collectives", "transport", "core"}),
+    "nn": frozenset(),
     "gpu": frozenset({"collectives", "core"}),
     "nccl": frozenset({"core"}),
     "ddp": frozenset({"collectives", "core"}),
