@@ -20,6 +20,7 @@ from ._api import (
 from ._group import ProcessGroup
 from ._select import ALL_REDUCE_ALGORITHMS, SMALL_MESSAGE_BYTES
 from ._state import (
+    default_group,
     destroy_process_group,
     get_rank,
     get_world_size,
@@ -40,6 +41,7 @@ __all__ = [
     "all_to_all",
     "barrier",
     "broadcast",
+    "default_group",
     "destroy_process_group",
     "gather",
     "get_rank",

@@ -35,6 +35,9 @@ def is_initialized() -> bool:
 
 
 def default_group() -> ProcessGroup:
+    """The group ``init_process_group`` made (this thread's, for a simulated world); what
+    the module-level collectives act on when no ``group`` is given. Raises
+    ``NotInitialized`` before ``init_process_group``."""
     group = _current()
     if group is None:
         raise NotInitialized(

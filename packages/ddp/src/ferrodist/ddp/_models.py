@@ -1,0 +1,222 @@
+"""The two kinds of module DDP wraps, behind one small interface.
+
+``ferrodist.nn`` modules (numpy, explicit backward) and PyTorch ``nn.Module``s differ in
+how gradients are stored, announced and finished; everything else in this package talks
+to a ``Model``. Foreign objects are inspected here and nowhere else. torch is imported
+only when the caller hands us a torch module (it is then already imported).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ferrodist.core import InvalidArgument
+
+from ._buckets import ParamSpec
+
+__all__ = ["KitModel", "Model", "TorchModel", "adapt"]
+
+
+class Model:
+    """What DDP needs of a module: its trainable parameters and buffers, flat buffers of
+    the right kind, gradients as views into them, and a call when each gradient is final."""
+
+    kind = "abstract"
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.names: list[str] = []
+        self.params: list[Any] = []
+
+    # -- description -------------------------------------------------------------------
+    def specs(self) -> list[ParamSpec]:
+        raise NotImplementedError
+
+    def state(self) -> Iterator[tuple[str, Any]]:
+        """Every parameter and buffer (name, array), in a fixed order, for the first broadcast."""
+        raise NotImplementedError
+
+    # -- flat buffers and gradient views ----------------------------------------------------
+    def flat(self, dtype: str, device: str, numel: int) -> Any:
+        raise NotImplementedError
+
+    def view(self, flat: Any, offset: int, numel: int, shape: tuple[int, ...]) -> Any:
+        raise NotImplementedError
+
+    def grad(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def set_grad(self, i: int, value: Any) -> None:
+        raise NotImplementedError
+
+    def is_view(self, grad: Any, view: Any) -> bool:
+        raise NotImplementedError
+
+    def copy_into(self, dst: Any, src: Any) -> None:
+        raise NotImplementedError
+
+    def fill_zero(self, array: Any) -> None:
+        raise NotImplementedError
+
+    def hook(self, i: int, fn: Callable[[int], None]) -> Any:
+        """Call ``fn(i)`` each time parameter i's gradient has been accumulated; returns a handle."""
+        raise NotImplementedError
+
+    def at_end_of_backward(self, fn: Callable[[], None]) -> None:
+        """Arrange for ``fn`` to run when the backward now running ends (torch only)."""
+        raise NotImplementedError
+
+    def numpy(self, array: Any) -> np.ndarray:
+        """A host numpy view (or copy, for device arrays) of ``array``, for checks and stats."""
+        raise NotImplementedError
+
+    def small(self, array: np.ndarray) -> Any:
+        """``array`` (a few bytes of bookkeeping) as an array the group takes: on the
+        parameters' device for torch modules, so an NCCL group can carry it."""
+        raise NotImplementedError
+
+
+class KitModel(Model):
+    """A ``ferrodist.nn`` module: numpy arrays, gradients announced by the kit's hooks."""
+
+    kind = "ferrodist.nn"
+
+    def __init__(self, module: Any) -> None:
+        super().__init__(module)
+        for name, p in module.named_parameters():
+            self.names.append(name)
+            self.params.append(p)
+
+    def specs(self) -> list[ParamSpec]:
+        return [
+            ParamSpec(n, tuple(p.data.shape), p.data.dtype.name, p.data.dtype.itemsize)
+            for n, p in zip(self.names, self.params, strict=True)
+        ]
+
+    def state(self) -> Iterator[tuple[str, Any]]:
+        yield from ((n, p.data) for n, p in zip(self.names, self.params, strict=True))
+        yield from self.module.named_buffers()
+
+    def flat(self, dtype: str, device: str, numel: int) -> np.ndarray:
+        return np.zeros(numel, dtype=dtype)
+
+    def view(self, flat: np.ndarray, offset: int, numel: int, shape: tuple[int, ...]) -> np.ndarray:
+        return flat[offset : offset + numel].reshape(shape)
+
+    def grad(self, i: int) -> Any:
+        return self.params[i].grad
+
+    def set_grad(self, i: int, value: Any) -> None:
+        self.params[i].grad = value
+
+    def is_view(self, grad: Any, view: Any) -> bool:
+        return grad is view
+
+    def copy_into(self, dst: Any, src: Any) -> None:
+        np.copyto(dst, src)
+
+    def fill_zero(self, array: Any) -> None:
+        array.fill(0)
+
+    def hook(self, i: int, fn: Callable[[int], None]) -> Any:
+        return self.params[i].register_post_accumulate_grad_hook(lambda _p: fn(i))
+
+    def at_end_of_backward(self, fn: Callable[[], None]) -> None:
+        raise AssertionError("ferrodist.nn backward is driven by DistributedDataParallel.backward")
+
+    def numpy(self, array: Any) -> np.ndarray:
+        return np.asarray(array)
+
+    def small(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+
+class TorchModel(Model):
+    """A PyTorch ``nn.Module``: gradients announced by post-accumulate-grad hooks, the end
+    of backward by a callback queued on autograd's engine."""
+
+    kind = "torch"
+
+    def __init__(self, module: Any) -> None:
+        super().__init__(module)
+        self.torch = sys.modules["torch"]
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                self.names.append(name)
+                self.params.append(p)
+
+    def specs(self) -> list[ParamSpec]:
+        out = []
+        for n, p in zip(self.names, self.params, strict=True):
+            dtype = str(p.dtype).removeprefix("torch.")
+            device = "cpu" if p.device.type == "cpu" else str(p.device)
+            out.append(ParamSpec(n, tuple(p.shape), dtype, p.element_size(), device))
+        return out
+
+    def state(self) -> Iterator[tuple[str, Any]]:
+        for name, p in self.module.named_parameters():
+            yield name, p.data
+        for name, b in self.module.named_buffers():
+            yield name, b.data
+
+    def flat(self, dtype: str, device: str, numel: int) -> Any:
+        return self.torch.zeros(numel, dtype=getattr(self.torch, dtype), device=device)
+
+    def view(self, flat: Any, offset: int, numel: int, shape: tuple[int, ...]) -> Any:
+        return flat[offset : offset + numel].view(shape)
+
+    def grad(self, i: int) -> Any:
+        return self.params[i].grad
+
+    def set_grad(self, i: int, value: Any) -> None:
+        self.params[i].grad = value
+
+    def is_view(self, grad: Any, view: Any) -> bool:
+        return grad is view or (grad.data_ptr() == view.data_ptr() and grad.shape == view.shape)
+
+    def copy_into(self, dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+    def fill_zero(self, array: Any) -> None:
+        array.zero_()
+
+    def hook(self, i: int, fn: Callable[[int], None]) -> Any:
+        return self.params[i].register_post_accumulate_grad_hook(lambda _p: fn(i))
+
+    def at_end_of_backward(self, fn: Callable[[], None]) -> None:
+        self.torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+    def numpy(self, array: Any) -> np.ndarray:
+        return array.detach().cpu().numpy()
+
+    def small(self, array: np.ndarray) -> Any:
+        device = self.params[0].device if self.params else "cpu"
+        return self.torch.from_numpy(array).to(device)
+
+
+def _is_torch_module(module: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(module, torch.nn.Module)
+
+
+def adapt(module: Any) -> Model:
+    """The ``Model`` for a ``ferrodist.nn`` module or a PyTorch ``nn.Module``."""
+    if _is_torch_module(module):
+        return TorchModel(module)
+    named = getattr(module, "named_parameters", None)
+    if named is None or not callable(getattr(module, "backward", None)):
+        raise InvalidArgument(
+            f"DistributedDataParallel: a {type(module).__name__} is neither a ferrodist.nn Module nor a "
+            "torch.nn.Module; wrap one of those"
+        )
+    model = KitModel(module)
+    for name, p in zip(model.names, model.params, strict=True):
+        if not isinstance(p.data, np.ndarray):
+            raise InvalidArgument(
+                f"DistributedDataParallel: parameter {name!r} holds a {type(p.data).__name__}, not a numpy array"
+            )
+    return model

@@ -1,0 +1,211 @@
+"""The engine that executes a bucket plan, one backward at a time.
+
+Per synchronised step: gradients live in the buckets' flat buffers (views, so a sync
+copies nothing), each parameter's hook marks it final, a bucket whose parameters are all
+final is handed to the communication hook, buckets start strictly in plan order (so every
+rank issues the same collectives in the same order, whatever order its gradients come in),
+and the end of backward starts whatever is left and waits for all of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ferrodist.core import Group, InvalidArgument, ReduceOp, Work
+
+from ._arrays import ArrayOps, NumpyOps, TorchOps
+from ._buckets import BucketPlan
+from ._hooks import GradBucket
+from ._models import Model
+
+__all__ = ["Reducer"]
+
+Hook = Callable[[GradBucket], Work]
+
+
+class Reducer:
+    def __init__(
+        self, model: Model, group: Group, plan: BucketPlan, hook: Hook, *, overlap: bool, find_unused: bool
+    ) -> None:
+        self.model = model
+        self.group = group
+        self.plan = plan
+        self.hook = hook
+        self.overlap = overlap
+        self.find_unused = find_unused
+        ops: ArrayOps = TorchOps() if model.kind == "torch" else NumpyOps()
+        n = len(model.params)
+        self.flats = [model.flat(b.dtype, b.device, b.numel) for b in plan.buckets]
+        self.views: list[Any] = [None] * n
+        self.bucket_of = [0] * n
+        self.buckets: list[GradBucket] = []
+        for b in plan.buckets:
+            views = []
+            for p, off, numel, shape in zip(b.params, b.offsets, b.numels, b.shapes, strict=True):
+                view = model.view(self.flats[b.index], off, numel, shape)
+                self.views[p] = view
+                self.bucket_of[p] = b.index
+                views.append(view)
+            self.buckets.append(
+                GradBucket(
+                    index=b.index,
+                    buffer=self.flats[b.index],
+                    views=tuple(views),
+                    names=b.names,
+                    shapes=b.shapes,
+                    group=group,
+                    ops=ops,
+                    is_last=b.index == len(plan.buckets) - 1,
+                )
+            )
+        self.ops = ops
+        self.handles = [model.hook(i, self._ready) for i in range(n)]
+        self.used = np.zeros(n, dtype=np.uint8)  # gradients seen since the last sync (no_sync steps included)
+        self.syncing = True
+        self.scale = 1.0  # join(): size / active ranks when averaging over the ranks still training
+        self.on_step: Callable[[float, list[float], float], None] | None = None
+        self._reset()
+
+    # -- one backward ------------------------------------------------------------------
+    def _reset(self) -> None:
+        nb = len(self.plan.buckets)
+        self.marked = [False] * len(self.views)
+        self.pending = [len(b.params) for b in self.plan.buckets]
+        self.next = 0
+        self.works: list[Work | None] = [None] * nb
+        self.ready_at = [float("nan")] * nb
+        self.queued = False
+        self.started = time.perf_counter()
+
+    def prepare(self, *, syncing: bool) -> None:
+        """Start a step (called from the forward): every gradient becomes its bucket view."""
+        if any(w is not None for w in self.works):
+            raise InvalidArgument(
+                f"rank {self.group.rank}: DistributedDataParallel: a forward started while the previous backward's "
+                "gradients were still being averaged; finish backward first"
+            )
+        self._reset()
+        self.syncing = syncing
+        model = self.model
+        for i, view in enumerate(self.views):
+            grad = model.grad(i)
+            if grad is None:
+                model.fill_zero(view)
+                model.set_grad(i, view)
+            elif not model.is_view(grad, view):
+                model.copy_into(view, grad)
+                model.set_grad(i, view)
+
+    def _ready(self, i: int) -> None:
+        model = self.model
+        grad = model.grad(i)
+        if grad is not None and not model.is_view(grad, self.views[i]):
+            # The gradient arrived in an array of its own (the step was not prepared, or the
+            # optimizer set it to None): one copy into the bucket, and the view from now on.
+            model.copy_into(self.views[i], grad)
+            model.set_grad(i, self.views[i])
+        self.used[i] = 1
+        if model.kind == "torch" and not self.queued:
+            self.queued = True
+            model.at_end_of_backward(self.finish)
+        if not self.syncing:
+            return
+        if self.marked[i]:
+            if self.overlap:
+                raise InvalidArgument(
+                    f"rank {self.group.rank}: DistributedDataParallel: parameter {model.names[i]!r} received a gradient "
+                    "twice in one backward (it is used twice); its bucket was already being averaged. Pass overlap=False"
+                )
+            return
+        self.marked[i] = True
+        b = self.bucket_of[i]
+        self.pending[b] -= 1
+        if self.pending[b] == 0:
+            self.ready_at[b] = time.perf_counter() - self.started
+            if self.overlap:
+                self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self.next < len(self.buckets) and self.pending[self.next] == 0:
+            self._launch(self.next)
+
+    def _launch(self, b: int) -> None:
+        self.works[b] = self.hook(self.buckets[b])
+        self.next = b + 1
+
+    def finish(self) -> None:
+        """End of backward: start what is left, wait for every bucket, settle unused parameters."""
+        self.queued = False
+        if not self.syncing:
+            self.marked = [False] * len(self.views)
+            return
+        backward_end = time.perf_counter() - self.started
+        while self.next < len(self.buckets):
+            self._launch(self.next)
+        usage: Any = None
+        usage_work = None
+        if self.find_unused:
+            usage = self.model.small(self.used.astype(np.int32))
+            usage_work = self.group.all_reduce(usage, ReduceOp.SUM, async_op=True)
+        waited = time.perf_counter()
+        try:
+            for work in self.works:
+                assert work is not None
+                work.wait()
+            if usage_work is not None:
+                usage_work.wait()
+        finally:
+            self.works = [None] * len(self.buckets)
+        wait = time.perf_counter() - waited
+        if self.scale != 1.0:
+            for flat in self.flats:
+                self.ops.scale_(flat, self.scale)
+        missing = [i for i, m in enumerate(self.marked) if not m]
+        self.used[:] = 0
+        if self.find_unused:
+            counts = self.model.numpy(usage)
+            for i in missing:
+                if counts[i] == 0:  # no rank produced a gradient: as in one process, it has none
+                    self.model.set_grad(i, None)
+        elif missing:
+            names = ", ".join(repr(self.model.names[i]) for i in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise InvalidArgument(
+                f"rank {self.group.rank}: DistributedDataParallel: parameters {names}{more} got no gradient in this "
+                "backward (their buckets were averaged with zeros on this rank). If that is expected, pass "
+                "find_unused_parameters=True; otherwise check that the forward uses them"
+            )
+        if self.on_step is not None:
+            ready = [t if t == t else backward_end for t in self.ready_at]
+            self.on_step(max(ready) if ready else backward_end, ready, wait)
+
+    # -- a rank that ran out of inputs inside join() -------------------------------------
+    def shadow(self) -> None:
+        """Take part in one synchronised step with zero gradients (the others' step)."""
+        for b in self.buckets:
+            b.shadow = True
+        try:
+            for flat in self.flats:
+                self.ops.zero_(flat)
+            works = [self.hook(b) for b in self.buckets]
+            usage_work = None
+            if self.find_unused:
+                usage_work = self.group.all_reduce(
+                    self.model.small(np.zeros(len(self.views), np.int32)), ReduceOp.SUM, async_op=True
+                )
+            for work in works:
+                work.wait()
+            if usage_work is not None:
+                usage_work.wait()
+        finally:
+            for b in self.buckets:
+                b.shadow = False
+
+    def remove_hooks(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
