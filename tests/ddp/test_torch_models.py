@@ -1,0 +1,133 @@
+"""DDP on PyTorch modules: the same proof, with loss.backward() driving the buckets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ferrodist.collectives import default_group
+from ferrodist.ddp import DDP, bf16_compress, load_checkpoint, save_checkpoint
+from ferrodist.testing import run_world
+
+torch = pytest.importorskip("torch")
+
+FEATURES, HIDDEN, CLASSES, STEPS, BATCH = 6, 32, 3, 5, 16
+
+
+def make_model(dtype, seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, CLASSES),
+    ).to(dtype)
+
+
+def batches(dtype):
+    gen = torch.Generator().manual_seed(11)
+    return [
+        (torch.randn(BATCH, FEATURES, generator=gen, dtype=dtype), torch.randint(0, CLASSES, (BATCH,), generator=gen))
+        for _ in range(STEPS)
+    ]
+
+
+def optimizer(name, params):
+    return (
+        torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3)
+        if name == "sgd"
+        else torch.optim.Adam(params, lr=0.01)
+    )
+
+
+def reference(name, dtype):
+    model = make_model(dtype, 0)
+    opt = optimizer(name, model.parameters())
+    for x, y in batches(dtype):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def train(name, dtype, **options):
+    group = default_group()
+    rank, size = group.rank, group.size
+    model = DDP(make_model(dtype, 10 * rank), **options)  # rank 0 starts like the reference; the broadcast fixes the rest
+    opt = optimizer(name, model.parameters())
+    per = BATCH // size
+    for x, y in batches(dtype):
+        opt.zero_grad()  # set_to_none=True, torch's default: the next forward puts the views back
+        loss = torch.nn.functional.cross_entropy(
+            model(x[rank * per : (rank + 1) * per]), y[rank * per : (rank + 1) * per]
+        )
+        loss.backward()  # returns with the gradients averaged over the ranks
+        opt.step()
+    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def difference(a, b):
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_torch_model_float64_equals_one_process(size, name, overlap):
+    ref = reference(name, torch.float64)
+    for state in run_world(
+        size, train, name, torch.float64, overlap=overlap, bucket_cap_mb=0.005, first_bucket_cap_mb=0.001
+    ):
+        assert difference(state, ref) <= 1e-10
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_torch_model_float32_within_stated_tolerance(name):
+    ref = reference(name, torch.float32)
+    results = run_world(2, train, name, torch.float32)
+    for state in results:
+        assert difference(state, ref) <= 1e-5 and difference(state, results[0]) == 0.0
+
+
+def test_torch_gradients_are_bucket_views_and_buckets_start_during_backward():
+    def body():
+        model = DDP(make_model(torch.float32, 0), bucket_cap_mb=0.005, first_bucket_cap_mb=0.001)
+        final = []
+        for p in model.module.parameters():
+            p.register_post_accumulate_grad_hook(lambda _p: final.append(1))
+        started = []
+
+        def hook(bucket):
+            started.append(len(final))
+            return bucket.group.all_reduce(bucket.buffer, "avg", async_op=True)
+
+        model.register_comm_hook(hook)
+        x, y = batches(torch.float32)[0]
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        flats = [b.buffer for b in model.buckets]
+        views = all(
+            any(f.data_ptr() <= p.grad.data_ptr() < f.data_ptr() + f.numel() * f.element_size() for f in flats)
+            for p in model.module.parameters()
+        )
+        return views, started, len(list(model.module.parameters()))
+
+    for views, started, total in run_world(2, body):
+        assert views and len(started) > 1 and started[0] < total
+
+
+def test_torch_compression_and_checkpoint(tmp_path):
+    ref = reference("sgd", torch.float32)
+
+    def body():
+        state = train("sgd", torch.float32, comm_hook=bf16_compress)
+        model = make_model(torch.float32, 0)
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+        opt = optimizer("sgd", model.parameters())
+        save_checkpoint(tmp_path / "t.pt", model, opt, extra=7)
+        fresh = make_model(torch.float32, 3)
+        extra = load_checkpoint(tmp_path / "t.pt", fresh, optimizer("sgd", fresh.parameters()))
+        return state, extra, difference({k: v.numpy() for k, v in fresh.state_dict().items()}, state)
+
+    for state, extra, reloaded in run_world(2, body):
+        assert difference(state, ref) <= 2e-2 and extra == 7 and reloaded == 0.0
