@@ -1,0 +1,81 @@
+"""The DDP step benchmark: ferrodist's DDP against PyTorch's DDP over Gloo, same model and data.
+
+    python bench/ddp/run.py [--rounds 3] [--json out.json]
+
+A 25.2 M-parameter MLP (torch, float32, one thread per rank), SGD with momentum. Two batch
+sizes per rank: 8 (communication-bound: 100 MB of gradients per step against little
+compute) and 256 (compute-bound). Configurations run in rounds, interleaved, so a busy
+moment of the machine hits all of them; each reports its median step, and the table gives
+each one's median over the rounds and its ratio to PyTorch DDP over Gloo measured in the
+same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+STEP = Path(__file__).with_name("ddp_step.py")
+
+CONFIGS = [
+    ("1 rank, no DDP", "single", 1, {}),
+    ("torch DDP, Gloo", "torch-gloo", 2, {}),
+    ("ferrodist DDP, shm", "ferrodist-shm", 2, {}),
+    ("ferrodist DDP, shm, overlap off", "ferrodist-shm", 2, {"overlap": False}),
+    ("ferrodist DDP, shm, bf16 hook", "ferrodist-shm", 2, {"hook": "bf16"}),
+    ("ferrodist DDP, tcp", "ferrodist-tcp", 2, {}),
+]
+BATCHES = {"small batch (8 per rank)": (8, 12), "large batch (256 per rank)": (256, 5)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(engine: str, ranks: int, batch: int, steps: int, options: dict) -> float:
+    args = [str(STEP), engine, str(batch), str(steps), json.dumps(options)]
+    if ranks == 1:
+        cmd = [sys.executable, *args]
+    else:
+        cmd = [sys.executable, "-m", "ferrodist.launch", "run", "-n", str(ranks), *args]
+    env = dict(os.environ, BENCH_TORCH_PORT=str(free_port()))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{engine} failed:\n{done.stdout}\n{done.stderr}")
+    line = next(line for line in done.stdout.splitlines() if '"median"' in line)
+    return float(json.loads(line[line.index("{") :])["median"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results: dict[str, dict[str, list[float]]] = {b: {c[0]: [] for c in CONFIGS} for b in BATCHES}
+    for r in range(args.rounds):
+        for batch_name, (batch, steps) in BATCHES.items():
+            for name, engine, ranks, options in CONFIGS:
+                seconds = run(engine, ranks, batch, steps, dict(options))
+                results[batch_name][name].append(seconds)
+                print(f"round {r + 1}: {batch_name}: {name}: {seconds * 1e3:.1f} ms per step", file=sys.stderr, flush=True)
+    for batch_name, rows in results.items():
+        gloo = statistics.median(rows["torch DDP, Gloo"])
+        print(f"\n{batch_name}, median step over {args.rounds} rounds")
+        print("| configuration | step | vs torch DDP over Gloo |\n|---|---|---|")
+        for name, values in rows.items():
+            m = statistics.median(values)
+            print(f"| {name} | {m * 1e3:.1f} ms | {gloo / m:.2f}x |")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
