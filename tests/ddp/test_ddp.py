@@ -371,3 +371,29 @@ def test_checkpoints_are_written_once_and_loaded_everywhere(tmp_path):
     for extra, difference, _ in run_world(2, body):
         assert extra == {"epoch": 2} and difference == 0.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.bin"]  # no temporary file left
+
+
+def test_a_rank_that_fails_mid_training_fails_the_others_instead_of_hanging():
+    from ferrodist.core import FerrodistError
+
+    seen = []
+
+    def body():
+        rank = default_group().rank
+        model = DDP(make_model(), bucket_cap_mb=0.001)
+        opt = make_optimizer("sgd", model.parameters())
+        for i, (x, y) in enumerate(make_batches(4, 8)):
+            if rank == 1 and i == 2:
+                raise RuntimeError("rank 1 ran out of memory (on purpose)")
+            try:
+                step(model, opt, shard(x, rank, 2), shard(y, rank, 2))
+            except FerrodistError as exc:
+                seen.append((rank, i, str(exc)))
+                raise
+        return "finished"
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="on purpose"):
+        run_world(2, body, timeout=10)
+    assert time.monotonic() - started < 10  # rank 0 learnt at once, not at its timeout
+    assert len(seen) == 1 and seen[0][:2] == (0, 2) and "rank 1" in seen[0][2], seen
