@@ -22,7 +22,10 @@ WARMUP = 3
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+        torch.nn.Linear(FEATURES, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
         torch.nn.Linear(HIDDEN, CLASSES),
     )
 
@@ -46,7 +49,9 @@ def main() -> None:
         import torch.distributed as tdist
         from torch.nn.parallel import DistributedDataParallel
 
-        tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_TORCH_PORT']}", rank=rank, world_size=size)
+        tdist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_TORCH_PORT']}", rank=rank, world_size=size
+        )
         net = DistributedDataParallel(net, **options)
         finish = tdist.destroy_process_group
     opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)

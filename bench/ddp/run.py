@@ -65,7 +65,9 @@ def main() -> None:
             for name, engine, ranks, options in CONFIGS:
                 seconds = run(engine, ranks, batch, steps, dict(options))
                 results[batch_name][name].append(seconds)
-                print(f"round {r + 1}: {batch_name}: {name}: {seconds * 1e3:.1f} ms per step", file=sys.stderr, flush=True)
+                print(
+                    f"round {r + 1}: {batch_name}: {name}: {seconds * 1e3:.1f} ms per step", file=sys.stderr, flush=True
+                )
     for batch_name, rows in results.items():
         gloo = statistics.median(rows["torch DDP, Gloo"])
         print(f"\n{batch_name}, median step over {args.rounds} rounds")

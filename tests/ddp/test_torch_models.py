@@ -54,7 +54,9 @@ def reference(name, dtype):
 def train(name, dtype, **options):
     group = default_group()
     rank, size = group.rank, group.size
-    model = DDP(make_model(dtype, 10 * rank), **options)  # rank 0 starts like the reference; the broadcast fixes the rest
+    model = DDP(
+        make_model(dtype, 10 * rank), **options
+    )  # rank 0 starts like the reference; the broadcast fixes the rest
     opt = optimizer(name, model.parameters())
     per = BATCH // size
     for x, y in batches(dtype):

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-import ferrodist.collectives as dist
 from _training import max_difference, train_ddp, train_reference
+
+import ferrodist.collectives as dist
 
 backend, kind, optimizer, overlap = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "on"
 group = dist.init_process_group(backend, timeout=60)
@@ -23,9 +24,7 @@ if kind == "nn":
     tolerance = 1e-10
     difference = max_difference(train_ddp(group, optimizer, **options), train_reference(optimizer))
 else:
-    import torch  # noqa: F401  (before the test module, which needs it)
-
-    sys.path.insert(0, str(Path(__file__).parent.parent))
+    import torch
     from test_torch_models import reference, train
 
     tolerance = 1e-10
