@@ -250,18 +250,21 @@ class Rendezvous:
         self.aborted = True
         try:
             self.store.add(_SEEN, 1, timeout=min(1.0, timeout))
+            self.store.add(f"{_SEEN}/{self.rank}", 1, timeout=min(1.0, timeout))
         except FerrodistError:
             pass
         raise _KINDS.get(kind, FerrodistError)(f"{self.what}: the job cannot start: {reason}", rank=self.rank)
 
     def linger(self, seconds: float = HANDSHAKE_LIMIT) -> None:
-        """On rank 0 after an abort: keep the store up until every rank has seen the abort
-        (``seconds`` at most), so that those still starting get its reason, not a store
-        that has gone."""
+        """On rank 0 after an abort: keep the store up until every process that joined (a
+        duplicate rank is one more) and every rank has seen the abort (``seconds`` at most),
+        so that those still starting get its reason, not a store that has gone."""
         stop = time.monotonic() + seconds
         while time.monotonic() < stop:
             try:
-                if int(self.store.get(_SEEN, timeout=0.5)) >= self.world_size:
+                every_rank = self.store.check([f"{_SEEN}/{r}" for r in range(self.world_size)], timeout=0.5)
+                joined = sum(self.store.add(f"{_JOIN}/{r}", 0, timeout=0.5) for r in range(self.world_size))
+                if every_rank and int(self.store.get(_SEEN, timeout=0.5)) >= joined:
                     return
             except (FerrodistError, ValueError):
                 pass
