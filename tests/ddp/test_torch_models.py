@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -14,8 +16,16 @@ torch = pytest.importorskip("torch")
 FEATURES, HIDDEN, CLASSES, STEPS, BATCH = 6, 32, 3, 5, 16
 
 
+_SEEDING = threading.Lock()  # ranks are threads here, and torch's default generator is global
+
+
 def make_model(dtype, seed):
-    torch.manual_seed(seed)
+    with _SEEDING, torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return _layers(dtype)
+
+
+def _layers(dtype):
     return torch.nn.Sequential(
         torch.nn.Linear(FEATURES, HIDDEN),
         torch.nn.Tanh(),

@@ -56,6 +56,9 @@ def census(transport: Transport, channel: int, me: int, members: Sequence[int], 
         heard = transport.notices(channel)
     silent = [rank for rank in others if rank not in heard]
     behind = {rank: notice.seq for rank, notice in heard.items() if notice.seq < seq and rank in others}
+    # A rank still inside an earlier call (it failed that call itself) is held up there by
+    # someone else: blame it only when there is nobody else to blame.
+    stuck = {rank for rank in behind if not heard[rank].between}
     held = {rank: notice.earlier for rank, notice in heard.items() if notice.earlier}
     parts = []
     if silent:
@@ -65,13 +68,17 @@ def census(transport: Transport, channel: int, me: int, members: Sequence[int], 
             "(stopped, hung, or busy outside this group's calls)"
         )
     for rank, at in sorted(behind.items()):
+        if rank in stuck:
+            parts.append(f"rank {rank} was still inside call #{at}, which failed there too")
+            continue
         where = f"its last call there was #{at}" if at >= 0 else "it had made no call on this group yet"
         parts.append(f"rank {rank} never reached call #{seq} ({where})")
     for rank, earlier in sorted(held.items()):
         parts.append(f"rank {rank} was held up by an earlier failure there: {earlier}")
     if not silent and not behind and not held:
         parts.append(f"every rank reached call #{seq}, so a transfer inside it is stuck or too slow for the timeout")
-    return "; ".join(parts), sorted(silent + list(behind))
+    blamed = silent + [rank for rank in behind if rank not in stuck]
+    return "; ".join(parts), sorted(blamed or list(behind))
 
 
 def abort(

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from ferrodist.core import FerrodistError, GroupAborted, InvalidArgument
+from ferrodist.core import CollectiveMismatch, FerrodistError, GroupAborted, InvalidArgument
 from ferrodist.transport import Transport
 
 from . import _failure
@@ -48,6 +48,9 @@ class Runner:
         self.member = member  # the group's check: this rank's group rank, or raise
         self.rank = self.ranks.index(transport.rank) if transport.rank in self.ranks else None
         self.order = CallOrder()
+        self._peer_failure: tuple[int, FerrodistError] | None = (
+            None  # (call, error) a peer failed before this rank entered it
+        )
         self.scratch = Scratch()
         self.closed = False
         self._worker: Worker | None = None
@@ -172,6 +175,15 @@ class Runner:
         blocked = order.blocked
         if blocked is not None:
             me = self.transport.rank
+            failed = self._peer_failure
+            if failed is not None and failed[0] == seq:
+                # A peer found this very call mismatched before this rank entered it: a
+                # mismatch is raised as a mismatch on every rank (a latecomer to a call that
+                # timed out elsewhere gets GroupAborted, naming that failure).
+                context = (
+                    f"rank {me}: {operation} #{seq} on group {self.name} (group rank {self.rank} of {len(self.ranks)})"
+                )
+                raise _failure.framed(failed[1], context, me, operation)
             raise GroupAborted(
                 f"rank {me}: {operation} #{seq}: {blocked.message}", cause=blocked.cause, rank=me, operation=operation
             )
@@ -201,10 +213,14 @@ class Runner:
         if order.entered == order.turn:
             return
         me, at = self.transport.rank, order.turn - 1
+        if seq == order.turn and isinstance(error, CollectiveMismatch):
+            self._peer_failure = (seq, error)
         context = f"rank {me}: group {self.name} after its call #{at} (group rank {self.rank} of {len(self.ranks)})"
         cause = _failure.framed(error, context, me, error.operation or "collective")
         order.block(_failure.blocked(cause, self.name, seq))
-        self.transport.abort(self.group_id, cause, peers=[r for r in self.ranks if r != me], seq=at)
+        notice = _failure.framed(error, context, me, error.operation or "collective")
+        notice.between = True  # type: ignore[attr-defined]  # tells the census: idle here, not stuck in a call
+        self.transport.abort(self.group_id, notice, peers=[r for r in self.ranks if r != me], seq=at)
 
     def _get_worker(self) -> Worker:
         with self._worker_lock:

@@ -37,10 +37,13 @@ def channel_of(tag: int) -> int:
 
 class Notice(NamedTuple):
     """What a peer's abort notice said: the call it was in, and the failure that held it up
-    first when that was another group's (so blame can follow it), else None."""
+    first when that was another group's (so blame can follow it), else None. ``between``:
+    the peer was between calls (it had finished call ``seq`` and answered for itself), not
+    stuck inside call ``seq``."""
 
     seq: int
     earlier: str | None
+    between: bool = False
 
 
 def encode_notice(seq: int, error: FerrodistError, origin: int, earlier: FerrodistError | None = None) -> bytes:
@@ -56,6 +59,8 @@ def encode_notice(seq: int, error: FerrodistError, origin: int, earlier: Ferrodi
     record = {"class": type(error).__name__, "message": error.message, "origin": origin, "seq": seq, **attributes}
     if earlier is not None and earlier is not error:
         record["earlier"] = earlier.message
+    if getattr(error, "between", False):
+        record["between"] = True
     return json.dumps(record).encode()
 
 
@@ -81,6 +86,7 @@ def decode_notice(data: bytes, rank: int, peer: int) -> tuple[int, FerrodistErro
     error.aborted_by = peer  # type: ignore[attr-defined]
     error.notice = message  # type: ignore[attr-defined]
     error.earlier = record.get("earlier")  # type: ignore[attr-defined]
+    error.between = bool(record.get("between"))  # type: ignore[attr-defined]
     return seq, error
 
 
@@ -124,10 +130,11 @@ class Aborts:
 
     def hear(self, channel: int, peer: int, seq: int, error: FerrodistError) -> None:
         """``peer`` aborted ``channel`` in call ``seq`` with ``error``."""
+        between = bool(error.__dict__.pop("between", False))  # the notice's, not the error's: copies must not carry it
         with self._lock:
             first = channel not in self._errors
             self._errors.setdefault(channel, error)
-            self._heard.setdefault(channel, {})[peer] = Notice(seq, getattr(error, "earlier", None))
+            self._heard.setdefault(channel, {})[peer] = Notice(seq, getattr(error, "earlier", None), between)
             respond = self._watchers.get(channel) if first else None
         if respond is not None:
             threading.Thread(target=respond, args=(error, seq), name=f"ferrodist-abort-{channel}", daemon=True).start()

@@ -275,7 +275,8 @@ class TcpTransport:
         channel = channel_of(pending.tag)
         with self._cond:
             while not pending.done:
-                lost = self._lost.get(src) or self._lost.get(self._rank) or self._aborts.error(channel)
+                # an abort came before the departure that followed it: report the abort
+                lost = self._aborts.error(channel) or self._lost.get(src) or self._lost.get(self._rank)
                 if lost is not None and not pending.claimed:
                     self._withdraw(pending, src)
                     raise _fresh(lost, f"rank {self._rank} was waiting for a message from rank {src}")
@@ -315,7 +316,7 @@ class TcpTransport:
         dst = check_peer(self._rank, self._world_size, dst, "send")
         tag = check_tag(tag, "send")
         payload = as_bytes(buf, "send")
-        lost = self._lost.get(dst) or self._lost.get(self._rank) or self._aborts.error(channel_of(tag))
+        lost = self._aborts.error(channel_of(tag)) or self._lost.get(dst) or self._lost.get(self._rank)
         if lost is not None:
             raise _fresh(lost, f"rank {self._rank} cannot send to rank {dst}")
         link = self._links[dst]
