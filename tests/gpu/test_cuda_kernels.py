@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from _helpers import examples
 from ferrodist.core import ALL_DTYPES, DType, InvalidArgument, ReduceOp, _kernels, dtype, reducer
+from ferrodist.gpu import _cuda_buckets as buckets
 from ferrodist.gpu import _cuda_kernels as kernels
 from ferrodist.testing.strategies import shapes
 
@@ -292,11 +293,11 @@ def test_pack_then_unpack_returns_every_array(cuda, data, sizes, numpy_type, cus
         expected[start : start + a.size] = a.ravel()
 
     bucket = cuda.to_device(np.zeros(capacity, numpy_type))
-    kernels.pack(bucket, [cuda.to_device(a) for a in arrays], offsets, **grid)
+    buckets.pack(bucket, [cuda.to_device(a) for a in arrays], offsets, **grid)
     np.testing.assert_array_equal(bucket.copy_to_host(), expected)  # gaps untouched
 
     outs = [cuda.to_device(np.zeros(a.shape, numpy_type)) for a in arrays]
-    kernels.unpack(bucket, outs, offsets, **grid)
+    buckets.unpack(bucket, outs, offsets, **grid)
     for out, a in zip(outs, arrays, strict=True):
         np.testing.assert_array_equal(out.copy_to_host(), a)
 
@@ -306,10 +307,10 @@ def test_more_arrays_than_one_launch_takes(cuda):
     arrays = [np.arange(j % 4, dtype=np.int32) + 10 * j for j in range(count)]
     total = sum(a.size for a in arrays)
     bucket = cuda.device_array(total, np.int32)
-    kernels.pack(bucket, [cuda.to_device(a) for a in arrays], threads=64, max_blocks=2)
+    buckets.pack(bucket, [cuda.to_device(a) for a in arrays], threads=64, max_blocks=2)
     np.testing.assert_array_equal(bucket.copy_to_host(), np.concatenate(arrays))
     outs = [cuda.device_array(a.size, np.int32) for a in arrays]
-    kernels.unpack(bucket, outs, threads=64, max_blocks=2)
+    buckets.unpack(bucket, outs, threads=64, max_blocks=2)
     for out, a in zip(outs, arrays, strict=True):
         np.testing.assert_array_equal(out.copy_to_host(), a)
 
@@ -318,10 +319,10 @@ def test_every_function_takes_a_stream(cuda):
     stream = cuda.stream()
     a, b = cuda.to_device(np.float32([1, 2])), cuda.to_device(np.float32([3]))
     bucket = cuda.device_array(3, np.float32)
-    kernels.pack(bucket, [a, b], stream=stream)
+    buckets.pack(bucket, [a, b], stream=stream)
     kernels.reduce_into(bucket, cuda.to_device(np.float32([1, 1, 1])), "float32", "sum", stream=stream)
     kernels.scale(bucket, "float32", 2, divide=True, stream=stream)
-    kernels.unpack(bucket, [a, b], stream=stream)
+    buckets.unpack(bucket, [a, b], stream=stream)
     half = cuda.device_array(3, np.uint16)
     kernels.cast(half, "bfloat16", bucket, "float32", stream=stream)
     stream.synchronize()
@@ -414,26 +415,26 @@ def test_pack_and_unpack_reject_bad_layouts(cuda):
     bucket = cuda.device_array(6, np.float32)
     two, three = cuda.to_device(np.zeros(2, np.float32)), cuda.to_device(np.zeros(3, np.float32))
     with pytest.raises(InvalidArgument, match="hold 7 elements but the bucket has room for 6"):
-        kernels.pack(bucket, [two, three, two])
+        buckets.pack(bucket, [two, three, two])
     with pytest.raises(InvalidArgument, match="slots of arrays 0 and 1 overlap"):
-        kernels.pack(bucket, [two, three], [0, 1])
+        buckets.pack(bucket, [two, three], [0, 1])
     with pytest.raises(InvalidArgument, match=r"array 1 \(3 elements at offset 4\) does not fit"):
-        kernels.unpack(bucket, [two, three], [0, 4])
+        buckets.unpack(bucket, [two, three], [0, 4])
     with pytest.raises(InvalidArgument, match="does not fit"):
-        kernels.pack(bucket, [two], [-1])
+        buckets.pack(bucket, [two], [-1])
     with pytest.raises(InvalidArgument, match="1 offsets for 2 arrays"):
-        kernels.pack(bucket, [two, three], [0])
+        buckets.pack(bucket, [two, three], [0])
     with pytest.raises(InvalidArgument, match="offsets must be integers"):
-        kernels.pack(bucket, [two], [0.5])
+        buckets.pack(bucket, [two], [0.5])
     with pytest.raises(InvalidArgument, match="array 1 has dtype int32 but the bucket has float32"):
-        kernels.pack(bucket, [two, cuda.to_device(np.zeros(2, np.int32))])
+        buckets.pack(bucket, [two, cuda.to_device(np.zeros(2, np.int32))])
     with pytest.raises(InvalidArgument, match="array 0 is a ndarray, not a Numba device array"):
-        kernels.unpack(bucket, [np.zeros(2, np.float32)])
-    kernels.pack(bucket, [])  # nothing to move is not an error
+        buckets.unpack(bucket, [np.zeros(2, np.float32)])
+    buckets.pack(bucket, [])  # nothing to move is not an error
 
 
 def test_importing_the_module_does_not_import_numba_cuda():
-    code = "import sys, ferrodist.gpu._cuda_kernels; print('numba.cuda' in sys.modules)"
+    code = "import sys, ferrodist.gpu._cuda_kernels, ferrodist.gpu._cuda_buckets; print('numba.cuda' in sys.modules)"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"

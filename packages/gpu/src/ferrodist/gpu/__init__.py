@@ -5,16 +5,15 @@ With this package installed, every collective of a ``ProcessGroup`` accepts CUDA
 nothing needs importing from here for that. Without a GPU, set ``NUMBA_ENABLE_CUDASIM=1``.
 """
 
+from ._cuda_buckets import pack, unpack
 from ._cuda_kernels import (
     MAX_ARRAYS_PER_LAUNCH,
     MAX_BLOCKS,
     THREADS_PER_BLOCK,
     cast,
     launch_config,
-    pack,
     reduce_into,
     scale,
-    unpack,
 )
 from ._staged import SEGMENT_BYTES, StagedEngine, StagingStats, engine
 
