@@ -8,6 +8,7 @@ A ``ProcessGroup`` checks arguments and picks a route; it hands the ``Runner`` a
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -218,7 +219,7 @@ class Runner:
         context = f"rank {me}: group {self.name} after its call #{at} (group rank {self.rank} of {len(self.ranks)})"
         cause = _failure.framed(error, context, me, error.operation or "collective")
         order.block(_failure.blocked(cause, self.name, seq))
-        notice = _failure.framed(error, context, me, error.operation or "collective")
+        notice = copy.copy(cause)
         notice.between = True  # type: ignore[attr-defined]  # tells the census: idle here, not stuck in a call
         self.transport.abort(self.group_id, notice, peers=[r for r in self.ranks if r != me], seq=at)
 

@@ -13,6 +13,7 @@ import numpy as np
 from ferrodist.collectives import default_group
 from ferrodist.core import FerrodistError, Group, ReduceOp
 
+from ._ddp import DistributedDataParallel
 from ._models import Model, adapt
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
@@ -23,8 +24,6 @@ class CheckpointError(FerrodistError, OSError):
 
 
 def _unwrap(module: Any) -> Any:
-    from ._ddp import DistributedDataParallel
-
     return module.module if isinstance(module, DistributedDataParallel) else module
 
 

@@ -189,6 +189,7 @@ class DistributedDataParallel:
         try:
             yield
         except BaseException:
+            self._reducer.scale = 1.0
             self._joined = None
             raise
         try:
