@@ -143,3 +143,64 @@ def test_torch_compression_and_checkpoint(tmp_path):
 
     for state, extra, reloaded in run_world(2, body):
         assert difference(state, ref) <= 2e-2 and extra == 7 and reloaded == 0.0
+
+
+class TwoHeads(torch.nn.Module):
+    """A trunk and two heads; ``route`` picks the head (the other gets no gradient)."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = torch.nn.Linear(FEATURES, HIDDEN)
+        self.a = torch.nn.Linear(HIDDEN, CLASSES)
+        self.b = torch.nn.Linear(HIDDEN, CLASSES)
+        self.route = "a"
+
+    def forward(self, x):
+        return getattr(self, self.route)(torch.tanh(self.trunk(x)))
+
+
+ROUTES = [("a", "b"), ("a", "a"), ("b", "a"), ("b", "b")]  # step 2: head b unused on both ranks
+
+
+def two_heads(seed):
+    with _SEEDING, torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return TwoHeads().to(torch.float64)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_torch_unused_parameters_with_gradients_set_to_none(overlap):
+    """Gradients dropped by the optimizer come back as fresh tensors, copied into the
+    buckets on arrival; a head unused on one rank enters its bucket as zeros there, one
+    unused everywhere ends the step with no gradient (so weight decay skips it, as in one
+    process)."""
+    data = batches(torch.float64)[: len(ROUTES)]
+    per = BATCH // 2
+
+    def body():
+        rank = default_group().rank
+        model = DDP(two_heads(0), find_unused_parameters=True, overlap=overlap, bucket_cap_mb=0.001)
+        opt = optimizer("sgd", model.parameters())
+        none = []
+        for (x, y), routes in zip(data, ROUTES, strict=True):
+            opt.zero_grad()
+            model.module.route = routes[rank]
+            rows = slice(rank * per, (rank + 1) * per)
+            torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
+            none.append(model.module.b.weight.grad is None)
+            opt.step()
+        return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}, none
+
+    ref = two_heads(0)
+    opt = optimizer("sgd", ref.parameters())
+    for (x, y), routes in zip(data, ROUTES, strict=True):
+        opt.zero_grad()
+        for rank, route in enumerate(routes):
+            ref.route = route
+            rows = slice(rank * per, (rank + 1) * per)
+            (torch.nn.functional.cross_entropy(ref(x[rows]), y[rows]) / 2).backward()
+        opt.step()
+    expected = {k: v.detach().numpy().copy() for k, v in ref.state_dict().items()}
+    for state, none in run_world(2, body):
+        assert none == [False, True, False, False]
+        assert difference(state, expected) <= 1e-10

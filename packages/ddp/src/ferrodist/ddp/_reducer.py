@@ -91,11 +91,16 @@ class Reducer:
         self._reset()
         self.syncing = syncing
         model = self.model
+        # PyTorch's autograd hands a missing gradient its freshly computed tensor, so one copy
+        # into the bucket (in _ready) is cheaper than a zeroed view plus an in-place addition
+        # (one pass over the gradients against three). The kit copies either way.
+        steal = model.kind == "torch"
         for i, view in enumerate(self.views):
             grad = model.grad(i)
             if grad is None:
-                model.fill_zero(view)
-                model.set_grad(i, view)
+                if not steal:
+                    model.fill_zero(view)
+                    model.set_grad(i, view)
             elif not model.is_view(grad, view):
                 model.copy_into(view, grad)
                 model.set_grad(i, view)
@@ -144,6 +149,17 @@ class Reducer:
             self.marked = [False] * len(self.views)
             return
         backward_end = time.perf_counter() - self.started
+        model = self.model
+        for i in (i for i, marked in enumerate(self.marked) if not marked):
+            # No gradient this step; its bucket, not started yet (it waits for every
+            # parameter), carries what no_sync steps kept, else zeros.
+            grad, view = model.grad(i), self.views[i]
+            if grad is None:
+                model.fill_zero(view)
+                model.set_grad(i, view)
+            elif not model.is_view(grad, view):
+                model.copy_into(view, grad)
+                model.set_grad(i, view)
         while self.next < len(self.buckets):
             self._launch(self.next)
         usage: Any = None
