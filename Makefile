@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PACKAGES := core transport collectives testing nn ddp launch gpu nccl
+PACKAGES := core transport collectives testing nn ddp pipeline launch gpu nccl
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test chaos bench lint clean

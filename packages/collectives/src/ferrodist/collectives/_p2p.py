@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ferrodist.core import InvalidRank, ReduceOp, Tensor
+from ferrodist.core import FerrodistError, GroupAborted, InvalidRank, ReduceOp, Tensor
 from ferrodist.transport import Transport
 
 from ._call import MAX_USER_TAG, p2p_tag
@@ -81,6 +81,18 @@ class PointToPoint:
         x, peer, wire_tag, context, dev = self._p2p("send", tensor, dst, tag, writeable=False)
         request = self._start(x, peer, wire_tag, dev, sending=True)
         RequestWork(context, request, self._runner.limit(timeout, "send"), context).wait()
+
+    def abort(self, error: BaseException) -> None:
+        """Fail this group on every member because of ``error`` (raised by code that drives
+        the group, e.g. a pipeline stage): pending and later calls and messages here and on
+        the other members raise at once (``GroupAborted``, or the error itself where a
+        message was pending) instead of waiting for their deadline. Make the group again to
+        go on. An error that is already a ``GroupAborted`` is not sent again."""
+        if isinstance(error, GroupAborted):
+            return
+        if not isinstance(error, FerrodistError):
+            error = FerrodistError(f"rank {self._global_rank}: {type(error).__name__}: {error}", rank=self._global_rank)
+        self._runner.abort(error)
 
     def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> None:
         """Receive into ``tensor`` from group rank ``src`` (the message must have its exact size)."""

@@ -205,6 +205,15 @@ class Runner:
         record_failure(error)  # for the launcher: this rank's own error, or another rank's
         return error
 
+    def abort(self, error: FerrodistError) -> None:
+        """Abort the group from outside a call (a failure in code that drives it, such as a
+        pipeline step): later calls here, and pending and later calls and messages of the
+        group on every member, fail at once naming ``error``."""
+        me, at = self.transport.rank, self.order.turn
+        self.order.block(_failure.blocked(error, self.name, at))
+        self.transport.abort(self.group_id, error, peers=[r for r in self.ranks if r != me], seq=at)
+        record_failure(error)
+
     def _respond(self, error: FerrodistError, seq: int) -> None:
         """A peer aborted the group in its call ``seq`` (a transport thread calls this). A
         call in flight here fails on the aborted channel and answers for itself; between

@@ -1,0 +1,26 @@
+"""ferrodist.pipeline: pipeline parallelism over any group. Schedules are data (GPipe,
+1F1B, interleaved 1F1B, zero-bubble ZB-H1) that ``validate`` proves deadlock-free and
+``simulate`` turns into a timeline; ``Pipeline`` runs one, sending each stage's input
+gradient backward, so every stage's gradients equal the unsplit model's."""
+
+from ._check import ScheduleError, Slot, Timeline, simulate, validate
+from ._pipeline import Pipeline
+from ._schedules import Action, CustomSchedule, GPipe, Interleaved1F1B, OneFOneB, Schedule, ZeroBubbleH1
+from ._split import split_sequential
+
+__all__ = [
+    "Action",
+    "CustomSchedule",
+    "GPipe",
+    "Interleaved1F1B",
+    "OneFOneB",
+    "Pipeline",
+    "Schedule",
+    "ScheduleError",
+    "Slot",
+    "Timeline",
+    "ZeroBubbleH1",
+    "simulate",
+    "split_sequential",
+    "validate",
+]

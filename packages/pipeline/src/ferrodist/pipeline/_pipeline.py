@@ -1,0 +1,368 @@
+"""``Pipeline``: runs one rank's actions of a schedule, moving activations and gradients.
+
+Chunk ``c`` of rank ``r`` is model stage ``s = c * p + r``. F of stage s receives its
+input from stage s - 1 (the batch's rows on stage 0), runs the chunk, and sends its output
+to stage s + 1 (the last stage computes the loss instead). B receives the gradient of the
+output from stage s + 1 (the last stage starts from its loss), computes the gradient of
+the input and sends it to stage s - 1. W accumulates the weight gradients; BW does both.
+Sends never wait for their receiver; receives are posted a few actions ahead. A failure on
+one rank aborts the group, so every other rank raises at once instead of at its deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ferrodist.collectives import ProcessGroup, default_group
+from ferrodist.core import CollectiveMismatch, Group, InvalidArgument, Work
+
+from ._check import validate
+from ._schedules import Action, Schedule
+from ._stages import Stage, adapt_stage
+from ._wire import HEADER_WORDS, Pool, check_sizes, header, read_header, split_rows, tag
+
+__all__ = ["Pipeline"]
+
+LOOKAHEAD = 4  # actions whose receives are posted before they run
+
+
+class Pipeline:
+    """Pipeline-parallel training of one model cut into stages, one (or, interleaved,
+    ``schedule.chunks``) per rank of ``group``.
+
+    Args:
+        stage: this rank's chunk: a ``ferrodist.nn`` Module or a torch ``nn.Module``; for a
+            schedule with v chunks per rank, a list of v of them (chunk c is model stage
+            ``c * group.size + group.rank``).
+        group: the ranks of the pipeline, in stage order (None: the default group).
+        n_microbatches: micro-batches per step.
+        schedule: ``GPipe()``, ``OneFOneB()``, ``Interleaved1F1B(v)``, ``ZeroBubbleH1()`` or
+            a ``CustomSchedule``; checked with ``validate`` here.
+
+    Example (4 ranks, each holding a quarter of the model)::
+
+        stages = split_sequential(model, 4)
+        pipe = Pipeline(stages[rank], None, 8, OneFOneB())
+        loss = pipe.train_step(x if rank == 0 else None, y if rank == 3 else None, CrossEntropyLoss())
+        opt.step()   # each rank's optimizer over its stage's parameters
+    """
+
+    def __init__(self, stage: Any, group: Group | None, n_microbatches: int, schedule: Schedule) -> None:
+        self.group = default_group() if group is None else group
+        if not isinstance(schedule, Schedule):
+            raise InvalidArgument(f"Pipeline: schedule must be a Schedule (OneFOneB(), ...), not {schedule!r}")
+        modules = list(stage) if isinstance(stage, (list, tuple)) else [stage]
+        if len(modules) != schedule.chunks:
+            raise InvalidArgument(
+                f"Pipeline: {schedule!r} runs {schedule.chunks} chunk(s) per rank, but rank {self.group.rank} "
+                f"was given {len(modules)}"
+            )
+        self.stages: list[Stage] = [adapt_stage(m) for m in modules]
+        self.modules = modules
+        self.schedule = schedule
+        self.n_microbatches = n_microbatches
+        p = self.group.size
+        validate(schedule, p, n_microbatches)
+        check_sizes(p * schedule.chunks, n_microbatches)
+        self.actions = schedule.actions(self.group.rank, p, n_microbatches)
+        self.steps = 0
+        self._pool = Pool()
+
+    # -- the public steps --------------------------------------------------------------
+    def train_step(
+        self,
+        inputs: Any,
+        targets: Any,
+        loss_fn: Any,
+        *,
+        reduction: str | None = None,
+        broadcast_loss: bool = False,
+    ) -> float | None:
+        """One step: the batch cut into micro-batches, the schedule run, every stage's
+        parameter gradients accumulated as the unsplit model's on the whole batch.
+
+        Args:
+            inputs: the batch (first stage; other ranks may pass None).
+            targets: its targets (last stage; other ranks may pass None).
+            loss_fn: ``loss_fn(output, target)``: a ``ferrodist.nn`` loss (with ``backward()``)
+                or a torch loss.
+            reduction: "mean" (each micro-batch's loss weighted by its share of the rows)
+                or "sum" (weight 1); default: ``loss_fn.reduction`` if it has one, else "mean".
+            broadcast_loss: give every stage the loss (otherwise only the last stage has it).
+
+        Returns:
+            The batch's loss on the last stage (on every stage with ``broadcast_loss``), else None.
+        """
+        if reduction is None:
+            reduction = getattr(loss_fn, "reduction", "mean")
+        if reduction not in ("mean", "sum"):
+            raise InvalidArgument(f"Pipeline.train_step: reduction must be 'mean' or 'sum', not {reduction!r}")
+        loss = self._run(self.actions, inputs, targets, loss_fn, reduction, training=True)
+        if broadcast_loss:
+            value = np.array([loss if loss is not None else 0.0])
+            self.group.broadcast(value, self.group.size - 1)
+            loss = float(value[0])
+        return loss
+
+    def eval_step(self, inputs: Any) -> Any:
+        """Forward only, micro-batch by micro-batch; returns the outputs of the whole batch
+        on the last stage (a numpy array, or a tensor for torch stages), None elsewhere."""
+        forwards = [Action("F", i, c) for i in range(self.n_microbatches) for c in range(self.schedule.chunks)]
+        return self._run(forwards, inputs, None, None, "mean", training=False)
+
+    # -- the engine ----------------------------------------------------------------------
+    def _run(
+        self, actions: list[Action], inputs: Any, targets: Any, loss_fn: Any, reduction: str, *, training: bool
+    ) -> Any:
+        self.steps += 1
+        run = _Step(self, actions, inputs, targets, loss_fn, reduction, training)
+        try:
+            return run.go()
+        except BaseException as exc:
+            for stage in self.stages:
+                stage.clear()
+            run.cancel()
+            if isinstance(self.group, ProcessGroup) and self.group.size > 1:
+                self.group.abort(exc)
+            raise
+
+
+class _Step:
+    """One train or eval step on this rank."""
+
+    def __init__(
+        self,
+        pipe: Pipeline,
+        actions: list[Action],
+        inputs: Any,
+        targets: Any,
+        loss_fn: Any,
+        reduction: str,
+        training: bool,
+    ) -> None:
+        self.pipe, self.actions, self.loss_fn, self.reduction, self.training = (
+            pipe,
+            actions,
+            loss_fn,
+            reduction,
+            training,
+        )
+        g = pipe.group
+        self.p, self.me, self.v = g.size, g.rank, pipe.schedule.chunks
+        self.last = self.p * self.v - 1
+        self.m = pipe.n_microbatches
+        rank = g.global_rank if isinstance(g, ProcessGroup) else self.me
+        self.who = f"rank {rank}: Pipeline.{'train' if training else 'eval'}_step #{pipe.steps}"
+        self.inputs, self.targets = inputs, targets
+        self.batch: dict[int, int] = {}  # stage -> batch size (from the data or the header)
+        self.shapes: dict[int, tuple[np.dtype[Any], tuple[int, ...]]] = {}  # boundary -> activation's (dtype, trailing)
+        self.sent_headers: set[int] = set()
+        self.posted: dict[tuple[str, int, int], tuple[Work | None, np.ndarray[Any, Any]]] = {}
+        self.held: dict[tuple[int, int], list[np.ndarray[Any, Any]]] = {}  # (stage, mb) -> buffers until W
+        self.local: dict[int, np.ndarray[Any, Any]] = {}  # messages to this rank itself (p == 1)
+        self.sends: list[Work] = []
+        self.outputs: dict[int, Any] = {}
+        self.loss = 0.0
+        self.headers: dict[int, tuple[Work, np.ndarray[Any, Any]]] = {}
+        if 0 in self._my_stages():
+            if inputs is None:
+                raise InvalidArgument(f"{self.who}: the first stage needs the inputs")
+            self.batch[0] = len(inputs)
+            self.rows = split_rows(len(inputs), self.m, self.who)
+        if training and self.last in self._my_stages() and targets is None:
+            raise InvalidArgument(f"{self.who}: the last stage needs the targets")
+        for s in self._my_stages():
+            if s > 0 and self._rank_of(s - 1) != self.me:  # post the headers' receives now
+                buf = np.zeros(HEADER_WORDS, np.int64)
+                self.headers[s - 1] = (self.pipe.group.irecv(buf, self._rank_of(s - 1), tag(s - 1, False, -1)), buf)
+
+    def _my_stages(self) -> list[int]:
+        return [c * self.p + self.me for c in range(self.v)]
+
+    def _rank_of(self, stage: int) -> int:
+        return stage % self.p
+
+    def _stage(self, a: Action) -> int:
+        return a.chunk * self.p + self.me
+
+    # -- the loop -----------------------------------------------------------------------
+    def go(self) -> Any:
+        for k, a in enumerate(self.actions):
+            self._post_ahead(k)
+            s = self._stage(a)
+            stage = self.pipe.stages[a.chunk]
+            if a.kind == "F":
+                self._forward(a, s, stage)
+            elif a.kind == "W":
+                stage.backward_weight(a.microbatch)
+                self._release(s, a.microbatch)
+            else:
+                grad = None if s == self.last else self._receive("B", s, a.microbatch)
+                fused = a.kind == "BW"
+                gx = stage.backward(a.microbatch, grad) if fused else stage.backward_input(a.microbatch, grad)
+                if s > 0:
+                    self._send_grad(s, a.microbatch, stage, gx)
+                if fused:
+                    self._release(s, a.microbatch)
+        for work in self.sends:
+            work.wait()
+        if not self.training:
+            if self.last not in self._my_stages():
+                return None
+            parts = [self.outputs[i] for i in range(self.m)]
+            stage = self.pipe.stages[-1]
+            if stage.kind == "torch":
+                import torch
+
+                return torch.cat(parts)
+            return np.concatenate(parts)
+        return self.loss if self.last in self._my_stages() else None
+
+    def cancel(self) -> None:
+        self.posted.clear()
+        self.held.clear()
+
+    # -- forward ------------------------------------------------------------------------
+    def _forward(self, a: Action, s: int, stage: Stage) -> None:
+        i = a.microbatch
+        if s == 0:
+            lo, hi = self.rows[i]
+            x = self.inputs[lo:hi]
+        else:
+            x = self._receive("F", s, i)
+        y = stage.forward(i, x, keep=self.training)
+        if s == self.last:
+            if not self.training:
+                self.outputs[i] = y
+                return
+            batch = self.batch[s]
+            if len(self.targets) != batch:
+                raise InvalidArgument(
+                    f"{self.who}: the targets have {len(self.targets)} rows but the batch has {batch}; pass the "
+                    "targets of the same batch"
+                )
+            lo, hi = split_rows(batch, self.m, self.who)[i]
+            weight = (hi - lo) / batch if self.reduction == "mean" else 1.0
+            self.loss += stage.loss(i, y, self.targets[lo:hi], self.loss_fn, weight)
+            return
+        out = stage.as_numpy(y)
+        batch = self.batch[s]
+        lo, hi = split_rows(batch, self.m, self.who)[i]
+        if s not in self.sent_headers:
+            self.sent_headers.add(s)
+            words = header(self.pipe.steps, self.training, batch, out, self.who)
+            self.shapes[s] = (out.dtype, out.shape[1:])
+            self._send(s + 1, tag(s, False, -1), words)
+        dtype, trailing = self.shapes[s]
+        if out.shape != (hi - lo, *trailing) or out.dtype != dtype:
+            raise CollectiveMismatch(
+                f"{self.who}: stage {s}'s output for micro-batch {i} has shape {out.shape} and dtype {out.dtype}, "
+                f"but this step's first one announced {(hi - lo, *trailing)} and {dtype}: every micro-batch's output "
+                "must have the same shape past the batch dimension"
+            )
+        self._send(s + 1, tag(s, False, i), out)
+
+    # -- backward -----------------------------------------------------------------------
+    def _send_grad(self, s: int, i: int, stage: Stage, gx: Any) -> None:
+        if gx is None:
+            raise InvalidArgument(f"{self.who}: stage {s} produced no gradient for its input (micro-batch {i})")
+        g = stage.as_numpy(gx)
+        dtype, trailing = self.shapes[s - 1]
+        lo, hi = split_rows(self.batch[s], self.m, self.who)[i]
+        if g.shape != (hi - lo, *trailing):
+            raise InvalidArgument(
+                f"{self.who}: stage {s}'s gradient for its input (micro-batch {i}) has shape {g.shape}, but the input "
+                f"had shape {(hi - lo, *trailing)}"
+            )
+        self._send(s - 1, tag(s - 1, True, i), g.astype(dtype, copy=False))
+
+    # -- messages -----------------------------------------------------------------------
+    def _send(self, stage: int, wire_tag: int, data: np.ndarray[Any, Any]) -> None:
+        dst = self._rank_of(stage)
+        if dst == self.me:
+            self.local[wire_tag] = data.copy()
+            return
+        self.sends.append(self.pipe.group.isend(np.ascontiguousarray(data), dst, wire_tag))
+
+    def _boundary_shape(self, boundary: int) -> tuple[np.dtype[Any], tuple[int, ...]] | None:
+        """The activation shape on ``boundary`` this step (receiving: from the header)."""
+        if boundary + 1 in self.batch:  # the header of this boundary was read
+            return self.shapes[boundary]
+        if self._rank_of(boundary) == self.me:  # sent by this rank (p == 1)
+            words = self.local.pop(tag(boundary, False, -1), None)
+            if words is None:
+                return None
+        else:
+            work, words = self.headers[boundary]
+            work.wait()
+        batch, dtype, trailing = read_header(words, self.pipe.steps, self.training, self.who)
+        stage = boundary + 1
+        expected = self.pipe.stages[stage // self.p].expected_features()
+        if expected is not None and (not trailing or trailing[-1] != expected):
+            raise CollectiveMismatch(
+                f"{self.who}: stage {stage} takes inputs of {expected} features, but stage {boundary} (rank "
+                f"{self._rank_of(boundary)}) sends activations of shape (batch, {', '.join(map(str, trailing))}): "
+                "the stages do not fit together; check where the model was cut"
+            )
+        if self.last == stage and self.training and self.targets is not None and len(self.targets) != batch:
+            raise InvalidArgument(
+                f"{self.who}: the targets have {len(self.targets)} rows but the first stage's batch has {batch}"
+            )
+        self.batch[stage] = batch
+        self.shapes[boundary] = (dtype, trailing)
+        return dtype, trailing
+
+    def _receive(self, kind: str, s: int, i: int) -> np.ndarray[Any, Any]:
+        key = (kind, s, i)
+        if key not in self.posted and not self._post(kind, s, i):
+            raise AssertionError(f"{self.who}: {key} could not be posted")  # validate() rules this out
+        work, buf = self.posted.pop(key)
+        if work is not None:
+            work.wait()
+        self.held.setdefault((s, i), []).append(buf)
+        return buf
+
+    def _post(self, kind: str, s: int, i: int) -> bool:
+        """Post the receive of F's input or B's output gradient; False if its shape is not known yet."""
+        boundary = s - 1 if kind == "F" else s
+        if kind == "F" and self._boundary_shape(boundary) is None:
+            return False
+        if kind == "B" and boundary not in self.shapes:
+            return False  # this rank's F of stage s has not run: its output shape is unknown
+        dtype, trailing = self.shapes[boundary]
+        lo, hi = split_rows(self.batch[s], self.m, self.who)[i]
+        wire_tag = tag(boundary, kind == "B", i)
+        peer = self._rank_of(boundary if kind == "F" else s + 1)
+        if peer == self.me:
+            if wire_tag not in self.local:
+                return False
+            self.posted[(kind, s, i)] = (None, self.local.pop(wire_tag))
+            return True
+        buf = self.pipe._pool.take((hi - lo, *trailing), dtype)
+        self.posted[(kind, s, i)] = (self.pipe.group.irecv(buf, peer, wire_tag), buf)
+        return True
+
+    def _post_ahead(self, k: int) -> None:
+        """Post the receives of the next few actions whose shapes are known."""
+        for a in self.actions[k : k + LOOKAHEAD]:
+            s, i = self._stage(a), a.microbatch
+            if a.kind == "F" and s > 0 and ("F", s, i) not in self.posted and self._rank_of(s - 1) != self.me:
+                if s in self.batch or self._header_arrived(s - 1):
+                    self._post("F", s, i)
+            elif a.kind in ("B", "BW") and s < self.last and ("B", s, i) not in self.posted:
+                if s in self.shapes and self._rank_of(s + 1) != self.me:
+                    self._post("B", s, i)
+
+    def _header_arrived(self, boundary: int) -> bool:
+        work, _ = self.headers[boundary]
+        if not work.is_completed():
+            return False
+        self._boundary_shape(boundary)
+        return True
+
+    def _release(self, s: int, i: int) -> None:
+        for buf in self.held.pop((s, i), []):
+            self.pipe._pool.give(buf)

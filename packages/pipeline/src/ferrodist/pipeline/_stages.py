@@ -1,0 +1,210 @@
+"""One model chunk on one rank, with its micro-batches in flight.
+
+Two kinds of module, one interface: a ``ferrodist.nn`` module (explicit ``backward_input``
+and ``backward_weight``; each micro-batch's saved state is ``stash()``ed between actions)
+and a PyTorch ``nn.Module`` (autograd: B is ``autograd.grad`` on the input, W a backward
+into the parameters; the graph is kept between them). torch is imported only when given a
+torch module.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from ferrodist.core import InvalidArgument
+
+__all__ = ["KitStage", "Stage", "TorchStage", "adapt_stage"]
+
+
+def _is_torch_module(module: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(module, torch.nn.Module)
+
+
+class Stage:
+    """The engine's view of a chunk: forward, B, W or both, per micro-batch."""
+
+    kind = "abstract"
+
+    def forward(self, mb: int, x: Any, *, keep: bool) -> Any:
+        """The chunk's output; ``keep``: save what the backward of ``mb`` needs."""
+        raise NotImplementedError
+
+    def loss(self, mb: int, output: Any, target: Any, loss_fn: Any, weight: float) -> float:
+        """Last stage: the loss of micro-batch ``mb`` and what its backward starts from."""
+        raise NotImplementedError
+
+    def backward_input(self, mb: int, grad: Any) -> Any:
+        raise NotImplementedError
+
+    def backward_weight(self, mb: int) -> None:
+        raise NotImplementedError
+
+    def backward(self, mb: int, grad: Any) -> Any:
+        raise NotImplementedError
+
+    def expected_features(self) -> int | None:
+        """The width of the input this chunk takes (its first linear layer), if known."""
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        """Drop every micro-batch in flight (after a failed step, or an eval step)."""
+        raise NotImplementedError
+
+    def as_numpy(self, value: Any) -> np.ndarray[Any, Any]:
+        raise NotImplementedError
+
+
+class KitStage(Stage):
+    kind = "ferrodist.nn"
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.saved: dict[int, Any] = {}  # micro-batch -> its stash
+        self.seeds: dict[int, Any] = {}  # last stage: micro-batch -> gradient of its weighted loss
+
+    def forward(self, mb: int, x: Any, *, keep: bool) -> Any:
+        y = self.module(x)
+        stash = self.module.stash()  # without keep (inference), dropped
+        if keep:
+            self.saved[mb] = stash
+        return y
+
+    def loss(self, mb: int, output: Any, target: Any, loss_fn: Any, weight: float) -> float:
+        value = float(loss_fn(output, target))
+        self.seeds[mb] = np.asarray(loss_fn.backward()) * weight
+        return value * weight
+
+    def _seed(self, mb: int, grad: Any) -> Any:
+        return self.seeds.pop(mb) if grad is None else grad
+
+    def backward_input(self, mb: int, grad: Any) -> Any:
+        self.module.restore(self.saved.pop(mb))
+        gx = self.module.backward_input(self._seed(mb, grad))
+        self.saved[mb] = self.module.stash()
+        return gx
+
+    def backward_weight(self, mb: int) -> None:
+        self.module.restore(self.saved.pop(mb))
+        self.module.backward_weight()
+
+    def backward(self, mb: int, grad: Any) -> Any:
+        self.module.restore(self.saved.pop(mb))
+        return self.module.backward(self._seed(mb, grad))
+
+    def expected_features(self) -> int | None:
+        return _first_width(self.module, kit=True)
+
+    def clear(self) -> None:
+        self.saved.clear()
+        self.seeds.clear()
+        self.module.stash()
+
+    def as_numpy(self, value: Any) -> np.ndarray[Any, Any]:
+        return np.ascontiguousarray(value)
+
+
+class TorchStage(Stage):
+    kind = "torch"
+
+    def __init__(self, module: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.module = module
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.graphs: dict[int, tuple[Any, Any, Any]] = {}  # micro-batch -> (input, root, root's gradient)
+
+    def forward(self, mb: int, x: Any, *, keep: bool) -> Any:
+        torch = self.torch
+        x = torch.as_tensor(x)
+        if not keep:
+            with torch.no_grad():
+                return self.module(x)
+        if x.is_floating_point():
+            x = x.detach().requires_grad_(True)
+        y = self.module(x)
+        self.graphs[mb] = (x, y, None)
+        return y.detach()
+
+    def loss(self, mb: int, output: Any, target: Any, loss_fn: Any, weight: float) -> float:
+        x, y, _ = self.graphs[mb]
+        value = loss_fn(y, self.torch.as_tensor(target)) * weight
+        self.graphs[mb] = (x, value, None)
+        return float(value.detach())
+
+    def _root(self, mb: int, grad: Any) -> tuple[Any, Any, Any]:
+        x, root, _ = self.graphs.pop(mb)
+        seed = None if grad is None else self.torch.as_tensor(grad)
+        return x, root, seed
+
+    def backward_input(self, mb: int, grad: Any) -> Any:
+        x, root, seed = self._root(mb, grad)
+        gx = None
+        if x.requires_grad:
+            (gx,) = self.torch.autograd.grad(root, [x], seed, retain_graph=True)
+        self.graphs[mb] = (x, root, seed)
+        return gx
+
+    def backward_weight(self, mb: int) -> None:
+        x, root, seed = self.graphs.pop(mb)
+        if self.params:
+            self.torch.autograd.backward(root, seed, inputs=self.params)
+
+    def backward(self, mb: int, grad: Any) -> Any:
+        x, root, seed = self._root(mb, grad)
+        inputs = ([x] if x.requires_grad else []) + self.params
+        if not inputs:
+            return None
+        x.grad = None
+        self.torch.autograd.backward(root, seed, inputs=inputs)
+        return x.grad if x.requires_grad else None
+
+    def expected_features(self) -> int | None:
+        return _first_width(self.module, kit=False)
+
+    def clear(self) -> None:
+        self.graphs.clear()
+
+    def as_numpy(self, value: Any) -> np.ndarray[Any, Any]:
+        return np.ascontiguousarray(value.detach().cpu().numpy())
+
+
+def adapt_stage(module: Any) -> Stage:
+    if _is_torch_module(module):
+        return TorchStage(module)
+    for method in ("backward_input", "backward_weight", "stash", "restore", "named_parameters"):
+        if not callable(getattr(module, method, None)):
+            raise InvalidArgument(
+                f"Pipeline: a {type(module).__name__} is neither a ferrodist.nn Module nor a torch.nn.Module "
+                f"(it has no {method}()); pass one of those as the stage"
+            )
+    return KitStage(module)
+
+
+def _first_width(module: Any, *, kit: bool) -> int | None:
+    """in_features of the first layer with parameters, when that layer is a linear one."""
+    leaves = (
+        (m for m in module.modules() if not list(m.children()))
+        if not kit
+        else _kit_leaves(module)
+    )
+    for leaf in leaves:
+        has_params = any(True for _ in leaf.parameters()) if not kit else bool(list(leaf.named_parameters()))
+        if not has_params:
+            continue
+        width = getattr(leaf, "in_features", None)
+        return int(width) if isinstance(width, int) else None
+    return None
+
+
+def _kit_leaves(module: Any) -> Any:
+    children = list(getattr(module, "_modules", {}).values())
+    if not children:
+        yield module
+        return
+    for child in children:
+        yield from _kit_leaves(child)
