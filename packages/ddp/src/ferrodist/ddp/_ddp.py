@@ -162,6 +162,14 @@ class DistributedDataParallel:
         self._reducer.finish()
         return grad_input
 
+    def sync_gradients(self) -> None:
+        """Average across the replicas the gradients that backward passes run on the wrapped
+        module itself (not through this wrapper's forward) accumulated since the last
+        average: a pipeline step (``ferrodist.pipeline``), a custom loop. Every replica calls
+        it once per step, after its backward passes; parameters that got no gradient are
+        handled as in a step (an error, or with ``find_unused_parameters=True`` agreed)."""
+        self._reducer.sync_all()
+
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally: backward inside this block averages nothing; the

@@ -65,7 +65,7 @@ class Reducer:
         self.ops = ops
         self.handles = [model.hook(i, self._ready) for i in range(n)]
         self.used = np.zeros(n, dtype=np.uint8)  # gradients seen since the last sync (no_sync steps included)
-        self.syncing = True
+        self.syncing = False  # a backward averages only when a DDP forward started its step
         self.scale = 1.0  # join(): size / active ranks when averaging over the ranks still training
         self.on_step: Callable[[float, list[float], float], None] | None = None
         self._reset()
@@ -145,7 +145,8 @@ class Reducer:
     def finish(self) -> None:
         """End of backward: start what is left, wait for every bucket, settle unused parameters."""
         self.queued = False
-        if not self.syncing:
+        syncing, self.syncing = self.syncing, False  # the next backward needs a forward (or sync_all)
+        if not syncing:
             self.marked = [False] * len(self.views)
             return
         backward_end = time.perf_counter() - self.started
@@ -198,6 +199,16 @@ class Reducer:
         if self.on_step is not None:
             ready = [t if t == t else backward_end for t in self.ready_at]
             self.on_step(max(ready) if ready else backward_end, ready, wait)
+
+    def sync_all(self) -> None:
+        """Average what backwards run outside a DDP forward accumulated (a pipeline step):
+        the parameters that got gradients count as final, the others as unused."""
+        self.prepare(syncing=True)
+        for i, used in enumerate(self.used):
+            if used:
+                self.marked[i] = True
+                self.pending[self.bucket_of[i]] -= 1
+        self.finish()
 
     # -- a rank that ran out of inputs inside join() -------------------------------------
     def shadow(self) -> None:
