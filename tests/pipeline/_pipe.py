@@ -42,9 +42,7 @@ def stage_names(n_stages):
     """Stage index -> {the stage's parameter name: the unsplit model's name}."""
     model = make_model()
     names = {id(p): name for name, p in model.named_parameters()}
-    return [
-        {name: names[id(p)] for name, p in stage.named_parameters()} for stage in split_sequential(model, n_stages)
-    ]
+    return [{name: names[id(p)] for name, p in stage.named_parameters()} for stage in split_sequential(model, n_stages)]
 
 
 def pipelined_gradients(group, schedule, n_microbatches, x, y):
@@ -54,7 +52,9 @@ def pipelined_gradients(group, schedule, n_microbatches, x, y):
     stages = split_sequential(make_model(), total)
     mine = [stages[c * p + rank] for c in range(schedule.chunks)]
     pipe = Pipeline(mine, group, n_microbatches, schedule)
-    loss = pipe.train_step(x if rank == 0 else None, y if rank == p - 1 else None, CrossEntropyLoss(), broadcast_loss=True)
+    loss = pipe.train_step(
+        x if rank == 0 else None, y if rank == p - 1 else None, CrossEntropyLoss(), broadcast_loss=True
+    )
     names = stage_names(total)
     grads = {}
     for c, stage in enumerate(mine):

@@ -26,7 +26,7 @@ from ferrodist.pipeline import (
 from ferrodist.testing import run_world
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _pipe import make_data, make_model, pipelined_gradients, reference_gradients  # noqa: E402
+from _pipe import make_data, make_model, pipelined_gradients, reference_gradients
 
 SCHEDULES = [GPipe(), OneFOneB(), Interleaved1F1B(2), ZeroBubbleH1()]
 
@@ -191,7 +191,7 @@ def test_clear_errors_for_bad_arguments():
         return True
 
     assert run_world(2, body) == [True, True]
-    with pytest.raises(InvalidArgument, match="neither a ferrodist.nn Module nor a torch"):
+    with pytest.raises(InvalidArgument, match=r"neither a ferrodist\.nn Module nor a torch"):
         run_world(1, lambda: Pipeline(object(), None, 2, OneFOneB()))
 
 

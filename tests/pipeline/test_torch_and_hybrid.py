@@ -15,7 +15,7 @@ from ferrodist.pipeline import GPipe, Interleaved1F1B, OneFOneB, Pipeline, ZeroB
 from ferrodist.testing import run_world
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _pipe import hybrid_training, make_data, reference_training  # noqa: E402
+from _pipe import hybrid_training, make_data, reference_training
 
 torch = pytest.importorskip("torch")
 _SEEDING = threading.Lock()  # ranks are threads: torch's default generator is global
@@ -45,7 +45,9 @@ def test_torch_stages_give_the_unsplit_gradients(schedule, m):
         mine = [stages[c * 2 + g.rank] for c in range(schedule.chunks)]
         pipe = Pipeline(mine, None, m, schedule)
         got = pipe.train_step(x if g.rank == 0 else None, y if g.rank == 1 else None, torch.nn.CrossEntropyLoss())
-        return got, {(c * 2 + g.rank, i): p.grad.numpy().copy() for c, s in enumerate(mine) for i, p in enumerate(s.parameters())}
+        return got, {
+            (c * 2 + g.rank, i): p.grad.numpy().copy() for c, s in enumerate(mine) for i, p in enumerate(s.parameters())
+        }
 
     results = run_world(2, body)
     assert results[1][0] == pytest.approx(loss.item(), abs=1e-12) and results[0][0] is None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 from ferrodist.core import BackendUnavailable, InvalidArgument
 
@@ -19,7 +18,7 @@ from ._schedules import Action, Schedule, _count
 
 __all__ = ["ScheduleError", "Slot", "Timeline", "simulate", "validate"]
 
-Costs = Union[Mapping[str, float], Callable[[Action, int], float], None]
+Costs = Mapping[str, float] | Callable[[Action, int], float] | None
 
 
 class ScheduleError(InvalidArgument):
@@ -92,7 +91,13 @@ class Timeline:
                     edgecolor="white",
                 )
                 ax.text(
-                    (slot.start + slot.end) / 2, rank, str(slot.action), ha="center", va="center", fontsize=7, color="white"
+                    (slot.start + slot.end) / 2,
+                    rank,
+                    str(slot.action),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white",
                 )
         ax.set_yticks(range(self.n_stages), [f"rank {r}" for r in range(self.n_stages)])
         ax.invert_yaxis()
@@ -142,7 +147,9 @@ def _cost_function(costs: Costs) -> Callable[[Action, int], float]:
     return lambda action, stage: table[action.kind]
 
 
-def _run(schedule: Schedule, n_stages: int, n_microbatches: int, cost: Callable[[Action, int], float] | None) -> Timeline:
+def _run(
+    schedule: Schedule, n_stages: int, n_microbatches: int, cost: Callable[[Action, int], float] | None
+) -> Timeline:
     if not isinstance(schedule, Schedule):
         raise InvalidArgument(f"expected a Schedule (GPipe(), OneFOneB(), ...), not {type(schedule).__name__}")
     p = _count("n_stages", n_stages)
@@ -181,10 +188,10 @@ def _execute(
             actions = lists[rank]
             while pos[rank] < len(actions):
                 a, s = actions[pos[rank]], stages[rank][pos[rank]]
-                ready = [finish.get(need) for need in _needs(a, s, last)]
-                if any(t is None for t in ready):
+                needs = _needs(a, s, last)
+                if any(need not in finish for need in needs):
                     break
-                start = max([clock[rank], *ready])  # type: ignore[list-item]
+                start = max([clock[rank], *(finish[need] for need in needs)])
                 end = start + (cost(a, s) if cost is not None else 1.0)
                 for kind in ("B", "W") if a.kind == "BW" else (a.kind,):
                     finish[(kind, a.microbatch, s)] = end

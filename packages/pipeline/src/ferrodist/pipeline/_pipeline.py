@@ -11,7 +11,6 @@ one rank aborts the group, so every other rank raises at once instead of at its 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np

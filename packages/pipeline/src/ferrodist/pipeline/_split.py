@@ -29,7 +29,9 @@ def split_sequential(
     layers = list(model)
     n = len(layers)
     if isinstance(n_stages, bool) or not isinstance(n_stages, int) or not 1 <= n_stages <= n:
-        raise InvalidArgument(f"split_sequential: n_stages must be in 1..{n} (the model has {n} layers), not {n_stages!r}")
+        raise InvalidArgument(
+            f"split_sequential: n_stages must be in 1..{n} (the model has {n} layers), not {n_stages!r}"
+        )
     if cuts is not None:
         cuts = list(cuts)
         if len(cuts) != n_stages - 1 or any(not 0 < c < n for c in cuts) or cuts != sorted(set(cuts)):

@@ -150,7 +150,7 @@ class TorchStage(Stage):
         return gx
 
     def backward_weight(self, mb: int) -> None:
-        x, root, seed = self.graphs.pop(mb)
+        _, root, seed = self.graphs.pop(mb)
         if self.params:
             self.torch.autograd.backward(root, seed, inputs=self.params)
 
@@ -187,11 +187,7 @@ def adapt_stage(module: Any) -> Stage:
 
 def _first_width(module: Any, *, kit: bool) -> int | None:
     """in_features of the first layer with parameters, when that layer is a linear one."""
-    leaves = (
-        (m for m in module.modules() if not list(m.children()))
-        if not kit
-        else _kit_leaves(module)
-    )
+    leaves = (m for m in module.modules() if not list(m.children())) if not kit else _kit_leaves(module)
     for leaf in leaves:
         has_params = any(True for _ in leaf.parameters()) if not kit else bool(list(leaf.named_parameters()))
         if not has_params:

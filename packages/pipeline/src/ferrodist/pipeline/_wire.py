@@ -24,7 +24,19 @@ HEADER_WORDS = 16
 MAX_DIMS = HEADER_WORDS - 6
 _MB_BITS = 16
 #: dtypes an activation may have (numpy's names); the header carries the index
-DTYPES = ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool", "complex128", "complex64")
+DTYPES = (
+    "float64",
+    "float32",
+    "float16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "complex128",
+    "complex64",
+)
 
 
 def tag(boundary: int, backward: bool, microbatch: int) -> int:
@@ -70,7 +82,9 @@ def header(step: int, training: bool, batch: int, activation: np.ndarray[Any, An
     return words
 
 
-def read_header(words: np.ndarray[Any, Any], step: int, training: bool, who: str) -> tuple[int, np.dtype[Any], tuple[int, ...]]:
+def read_header(
+    words: np.ndarray[Any, Any], step: int, training: bool, who: str
+) -> tuple[int, np.dtype[Any], tuple[int, ...]]:
     """(batch, dtype, trailing shape) from a received header, checked against this rank's step."""
     if int(words[0]) != MAGIC:
         raise CollectiveMismatch(f"{who}: the previous stage sent something that is not a pipeline step header")
