@@ -16,11 +16,11 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import ferrodist.collectives as dist  # noqa: E402
-from ferrodist import nn  # noqa: E402
-from ferrodist.pipeline import GPipe, Interleaved1F1B, OneFOneB, Pipeline, ZeroBubbleH1, split_sequential  # noqa: E402
+import ferrodist.collectives as dist
+from ferrodist import nn
+from ferrodist.pipeline import GPipe, Interleaved1F1B, OneFOneB, Pipeline, ZeroBubbleH1, split_sequential
 
 WIDTH, LAYERS, BATCH, MICRO, STEPS, ROUNDS = 512, 8, 256, 8, 5, 3
 SCHEDULES = {"GPipe": GPipe(), "1F1B": OneFOneB(), "Interleaved1F1B(2)": Interleaved1F1B(2), "ZB-H1": ZeroBubbleH1()}
