@@ -17,6 +17,7 @@ $(STAMP): Makefile pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyprojec
 demo: $(STAMP)
 	$(BIN)/ferrodist run -n 2 examples/all_reduce_ranks.py
 	$(BIN)/ferrodist run -n 2 examples/train_ddp.py
+	$(BIN)/ferrodist run -n 4 examples/train_pipeline.py
 
 test: $(STAMP)
 	$(BIN)/python tools/check_layers.py

@@ -37,3 +37,16 @@ def test_two_stages_in_real_processes_equal_the_unsplit_model(backend, schedule)
 def test_the_hybrid_in_four_real_processes():
     for row in run(4, "shm", "1f1b", "hybrid"):
         assert row["ok"] and row["size"] == 4, row
+
+
+def test_the_example_trains_and_equals_one_process():
+    example = Path(__file__).parents[2] / "examples" / "train_pipeline.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "ferrodist.launch", "run", "-n", "4", str(example), "--epochs", "3", "--schedule", "zb"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "epoch  3: loss" in done.stdout and "test accuracy" in done.stdout
+    assert "(equal)" in done.stdout, done.stdout
