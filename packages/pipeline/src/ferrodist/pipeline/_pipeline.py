@@ -142,13 +142,11 @@ class _Step:
         reduction: str,
         training: bool,
     ) -> None:
-        self.pipe, self.actions, self.loss_fn, self.reduction, self.training = (
-            pipe,
-            actions,
-            loss_fn,
-            reduction,
-            training,
-        )
+        self.pipe = pipe
+        self.actions = actions
+        self.loss_fn = loss_fn
+        self.reduction = reduction
+        self.training = training
         g = pipe.group
         self.p, self.me, self.v = g.size, g.rank, pipe.schedule.chunks
         self.last = self.p * self.v - 1
@@ -157,6 +155,7 @@ class _Step:
         self.who = f"rank {rank}: Pipeline.{'train' if training else 'eval'}_step #{pipe.steps}"
         self.inputs, self.targets = inputs, targets
         self.batch: dict[int, int] = {}  # stage -> batch size (from the data or the header)
+        self._bounds: dict[int, list[tuple[int, int]]] = {}  # batch size -> micro-batch row ranges
         self.shapes: dict[int, tuple[np.dtype[Any], tuple[int, ...]]] = {}  # boundary -> activation's (dtype, trailing)
         self.sent_headers: set[int] = set()
         self.posted: dict[tuple[str, int, int], tuple[Work | None, np.ndarray[Any, Any]]] = {}
@@ -170,13 +169,21 @@ class _Step:
             if inputs is None:
                 raise InvalidArgument(f"{self.who}: the first stage needs the inputs")
             self.batch[0] = len(inputs)
-            self.rows = split_rows(len(inputs), self.m, self.who)
+            self._rows(0, 0)  # a batch too small for the micro-batches is refused before any message
         if training and self.last in self._my_stages() and targets is None:
             raise InvalidArgument(f"{self.who}: the last stage needs the targets")
         for s in self._my_stages():
             if s > 0 and self._rank_of(s - 1) != self.me:  # post the headers' receives now
                 buf = np.zeros(HEADER_WORDS, np.int64)
                 self.headers[s - 1] = (self.pipe.group.irecv(buf, self._rank_of(s - 1), tag(s - 1, False, -1)), buf)
+
+    def _rows(self, s: int, i: int) -> tuple[int, int]:
+        """Micro-batch ``i``'s rows of stage ``s``'s batch (worked out once per batch size)."""
+        batch = self.batch[s]
+        bounds = self._bounds.get(batch)
+        if bounds is None:
+            bounds = self._bounds[batch] = split_rows(batch, self.m, self.who)
+        return bounds[i]
 
     def _my_stages(self) -> list[int]:
         return [c * self.p + self.me for c in range(self.v)]
@@ -228,7 +235,7 @@ class _Step:
     def _forward(self, a: Action, s: int, stage: Stage) -> None:
         i = a.microbatch
         if s == 0:
-            lo, hi = self.rows[i]
+            lo, hi = self._rows(0, i)
             x = self.inputs[lo:hi]
         else:
             x = self._receive("F", s, i)
@@ -243,13 +250,13 @@ class _Step:
                     f"{self.who}: the targets have {len(self.targets)} rows but the batch has {batch}; pass the "
                     "targets of the same batch"
                 )
-            lo, hi = split_rows(batch, self.m, self.who)[i]
+            lo, hi = self._rows(s, i)
             weight = (hi - lo) / batch if self.reduction == "mean" else 1.0
             self.loss += stage.loss(i, y, self.targets[lo:hi], self.loss_fn, weight)
             return
         out = stage.as_numpy(y)
         batch = self.batch[s]
-        lo, hi = split_rows(batch, self.m, self.who)[i]
+        lo, hi = self._rows(s, i)
         if s not in self.sent_headers:
             self.sent_headers.add(s)
             words = header(self.pipe.steps, self.training, batch, out, self.who)
@@ -270,7 +277,7 @@ class _Step:
             raise InvalidArgument(f"{self.who}: stage {s} produced no gradient for its input (micro-batch {i})")
         g = stage.as_numpy(gx)
         dtype, trailing = self.shapes[s - 1]
-        lo, hi = split_rows(self.batch[s], self.m, self.who)[i]
+        lo, hi = self._rows(s, i)
         if g.shape != (hi - lo, *trailing):
             raise InvalidArgument(
                 f"{self.who}: stage {s}'s gradient for its input (micro-batch {i}) has shape {g.shape}, but the input "
@@ -332,7 +339,7 @@ class _Step:
         if kind == "B" and boundary not in self.shapes:
             return False  # this rank's F of stage s has not run: its output shape is unknown
         dtype, trailing = self.shapes[boundary]
-        lo, hi = split_rows(self.batch[s], self.m, self.who)[i]
+        lo, hi = self._rows(s, i)
         wire_tag = tag(boundary, kind == "B", i)
         peer = self._rank_of(boundary if kind == "F" else s + 1)
         if peer == self.me:

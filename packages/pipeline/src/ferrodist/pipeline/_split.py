@@ -50,12 +50,8 @@ def split_sequential(
 
 
 def _size(layer: Any) -> int:
-    return sum(int(p.numel()) if hasattr(p, "numel") else int(p.size) for p in _params(layer))
-
-
-def _params(layer: Any) -> list[Any]:
-    params = layer.parameters()
-    return [getattr(p, "data", p) if not hasattr(p, "numel") else p for p in params]
+    """Parameter count: torch tensors have numel(), the kit's Parameters a numpy .data."""
+    return sum(int(p.numel()) if hasattr(p, "numel") else int(p.data.size) for p in layer.parameters())
 
 
 def _balanced(layers: list[Any], n_stages: int) -> list[int]:
