@@ -142,6 +142,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "Schedule",
         "ScheduleError",
         "Slot",
+        "Stage",
         "Timeline",
         "ZeroBubbleH1",
         "simulate",

@@ -89,3 +89,32 @@ def test_two_pipelines_by_two_stages_with_ddp_equal_one_process(schedule):
             seen[name] = value
     assert set(seen) == set(expected)
     assert max(float(np.max(np.abs(seen[k] - expected[k]))) for k in expected) <= 1e-10
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_bfloat16_activations_cross_the_wire(m):
+    """Activations and gradients in bfloat16 (the header carries the dtype): one
+    micro-batch runs the unsplit model's exact operations; two agree to bfloat16's precision."""
+    x, y = (torch.as_tensor(a) for a in make_data(8))
+    x = x.bfloat16()
+    ref = torch_model().bfloat16()
+    torch.nn.functional.cross_entropy(ref(x).float(), y).backward()
+    expected = [p.grad.float().numpy().copy() for p in ref.parameters()]
+
+    def loss_fn(out, target):
+        return torch.nn.functional.cross_entropy(out.float(), target)
+
+    def body():
+        g = default_group()
+        stage = split_sequential(torch_model().bfloat16(), 2)[g.rank]
+        Pipeline(stage, None, m, GPipe()).train_step(x if g.rank == 0 else None, y if g.rank == 1 else None, loss_fn)
+        return [p.grad.float().numpy().copy() for p in stage.parameters()]
+
+    first, second = run_world(2, body)
+    got = first + second
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        if m == 1:
+            assert np.array_equal(a, b)
+        else:
+            assert np.max(np.abs(a - b)) <= 2e-2 * max(1.0, float(np.max(np.abs(b))))

@@ -7,6 +7,7 @@ from ._check import ScheduleError, Slot, Timeline, simulate, validate
 from ._pipeline import Pipeline
 from ._schedules import Action, CustomSchedule, GPipe, Interleaved1F1B, OneFOneB, Schedule, ZeroBubbleH1
 from ._split import split_sequential
+from ._stages import Stage
 
 __all__ = [
     "Action",
@@ -18,6 +19,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "Slot",
+    "Stage",
     "Timeline",
     "ZeroBubbleH1",
     "simulate",

@@ -5,8 +5,10 @@ input from stage s - 1 (the batch's rows on stage 0), runs the chunk, and sends 
 to stage s + 1 (the last stage computes the loss instead). B receives the gradient of the
 output from stage s + 1 (the last stage starts from its loss), computes the gradient of
 the input and sends it to stage s - 1. W accumulates the weight gradients; BW does both.
-Sends never wait for their receiver; receives are posted a few actions ahead. A failure on
-one rank aborts the group, so every other rank raises at once instead of at its deadline.
+Sends never wait for their receiver; receives are posted a few actions ahead, into buffers
+the receiving chunk makes (numpy arrays, or tensors on its GPU: device arrays travel through
+the group's device engine). A failure on one rank aborts the group, so every other rank
+raises at once instead of at its deadline.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ferrodist.collectives import ProcessGroup, default_group
-from ferrodist.core import CollectiveMismatch, Group, InvalidArgument, Work
+from ferrodist.core import CollectiveMismatch, DType, Group, InvalidArgument, Work, as_tensor
 
 from ._check import validate
 from ._schedules import Action, Schedule
@@ -33,9 +35,10 @@ class Pipeline:
     ``schedule.chunks``) per rank of ``group``.
 
     Args:
-        stage: this rank's chunk: a ``ferrodist.nn`` Module or a torch ``nn.Module``; for a
-            schedule with v chunks per rank, a list of v of them (chunk c is model stage
-            ``c * group.size + group.rank``).
+        stage: this rank's chunk: a ``ferrodist.nn`` Module, a torch ``nn.Module`` (on the
+            CPU or a CUDA device: its inputs and gradients are received there) or a
+            ``Stage``; for a schedule with v chunks per rank, a list of v of them (chunk c is
+            model stage ``c * group.size + group.rank``).
         group: the ranks of the pipeline, in stage order (None: the default group).
         n_microbatches: micro-batches per step.
         schedule: ``GPipe()``, ``OneFOneB()``, ``Interleaved1F1B(v)``, ``ZeroBubbleH1()`` or
@@ -156,11 +159,12 @@ class _Step:
         self.inputs, self.targets = inputs, targets
         self.batch: dict[int, int] = {}  # stage -> batch size (from the data or the header)
         self._bounds: dict[int, list[tuple[int, int]]] = {}  # batch size -> micro-batch row ranges
-        self.shapes: dict[int, tuple[np.dtype[Any], tuple[int, ...]]] = {}  # boundary -> activation's (dtype, trailing)
+        self.shapes: dict[int, tuple[DType, tuple[int, ...]]] = {}  # boundary -> activation's (dtype, trailing)
         self.sent_headers: set[int] = set()
-        self.posted: dict[tuple[str, int, int], tuple[Work | None, np.ndarray[Any, Any]]] = {}
-        self.held: dict[tuple[int, int], list[np.ndarray[Any, Any]]] = {}  # (stage, mb) -> buffers until W
-        self.local: dict[int, np.ndarray[Any, Any]] = {}  # messages to this rank itself (p == 1)
+        # (kind, stage, mb) -> (its receive, the buffer, its dtype; no receive or dtype: a local message)
+        self.posted: dict[tuple[str, int, int], tuple[Work | None, Any, DType | None]] = {}
+        self.held: dict[tuple[int, int], list[tuple[Any, DType]]] = {}  # (stage, mb) -> pool buffers until W
+        self.local: dict[int, Any] = {}  # messages to this rank itself (p == 1)
         self.sends: list[Work] = []
         self.outputs: dict[int, Any] = {}
         self.loss = 0.0
@@ -218,13 +222,7 @@ class _Step:
         if not self.training:
             if self.last not in self._my_stages():
                 return None
-            parts = [self.outputs[i] for i in range(self.m)]
-            stage = self.pipe.stages[-1]
-            if stage.kind == "torch":
-                import torch
-
-                return torch.cat(parts)
-            return np.concatenate(parts)
+            return self.pipe.stages[-1].concat([self.outputs[i] for i in range(self.m)])
         return self.loss if self.last in self._my_stages() else None
 
     def cancel(self) -> None:
@@ -254,46 +252,48 @@ class _Step:
             weight = (hi - lo) / batch if self.reduction == "mean" else 1.0
             self.loss += stage.loss(i, y, self.targets[lo:hi], self.loss_fn, weight)
             return
-        out = stage.as_numpy(y)
+        out = stage.outgoing(y)
+        t = as_tensor(out)
         batch = self.batch[s]
         lo, hi = self._rows(s, i)
         if s not in self.sent_headers:
             self.sent_headers.add(s)
-            words = header(self.pipe.steps, self.training, batch, out, self.who)
-            self.shapes[s] = (out.dtype, out.shape[1:])
-            self._send(s + 1, tag(s, False, -1), words)
+            words = header(self.pipe.steps, self.training, batch, t, self.who)
+            self.shapes[s] = (t.dtype, t.shape[1:])
+            self._send(s + 1, tag(s, False, -1), words, None)
         dtype, trailing = self.shapes[s]
-        if out.shape != (hi - lo, *trailing) or out.dtype != dtype:
+        if t.shape != (hi - lo, *trailing) or t.dtype != dtype:
             raise CollectiveMismatch(
-                f"{self.who}: stage {s}'s output for micro-batch {i} has shape {out.shape} and dtype {out.dtype}, "
-                f"but this step's first one announced {(hi - lo, *trailing)} and {dtype}: every micro-batch's output "
-                "must have the same shape past the batch dimension"
+                f"{self.who}: stage {s}'s output for micro-batch {i} has shape {t.shape} and dtype {t.dtype.name}, "
+                f"but this step's first one announced {(hi - lo, *trailing)} and {dtype.name}: every micro-batch's "
+                "output must have the same shape past the batch dimension"
             )
-        self._send(s + 1, tag(s, False, i), out)
+        self._send(s + 1, tag(s, False, i), out, stage)
 
     # -- backward -----------------------------------------------------------------------
     def _send_grad(self, s: int, i: int, stage: Stage, gx: Any) -> None:
         if gx is None:
             raise InvalidArgument(f"{self.who}: stage {s} produced no gradient for its input (micro-batch {i})")
-        g = stage.as_numpy(gx)
         dtype, trailing = self.shapes[s - 1]
         lo, hi = self._rows(s, i)
-        if g.shape != (hi - lo, *trailing):
+        if tuple(gx.shape) != (hi - lo, *trailing):
             raise InvalidArgument(
-                f"{self.who}: stage {s}'s gradient for its input (micro-batch {i}) has shape {g.shape}, but the input "
-                f"had shape {(hi - lo, *trailing)}"
+                f"{self.who}: stage {s}'s gradient for its input (micro-batch {i}) has shape {tuple(gx.shape)}, but "
+                f"the input had shape {(hi - lo, *trailing)}"
             )
-        self._send(s - 1, tag(s - 1, True, i), g.astype(dtype, copy=False))
+        self._send(s - 1, tag(s - 1, True, i), stage.outgoing(gx, dtype), stage)
 
     # -- messages -----------------------------------------------------------------------
-    def _send(self, stage: int, wire_tag: int, data: np.ndarray[Any, Any]) -> None:
+    def _send(self, stage: int, wire_tag: int, data: Any, sender: Stage | None) -> None:
+        """Send ``data`` (contiguous) to the rank of ``stage``; ``sender``: the chunk that made it
+        (None: a header)."""
         dst = self._rank_of(stage)
         if dst == self.me:
-            self.local[wire_tag] = data.copy()
+            self.local[wire_tag] = data.copy() if sender is None else sender.copy(data)
             return
-        self.sends.append(self.pipe.group.isend(np.ascontiguousarray(data), dst, wire_tag))
+        self.sends.append(self.pipe.group.isend(data, dst, wire_tag))
 
-    def _boundary_shape(self, boundary: int) -> tuple[np.dtype[Any], tuple[int, ...]] | None:
+    def _boundary_shape(self, boundary: int) -> tuple[DType, tuple[int, ...]] | None:
         """The activation shape on ``boundary`` this step (receiving: from the header)."""
         if boundary + 1 in self.batch:  # the header of this boundary was read
             return self.shapes[boundary]
@@ -321,14 +321,14 @@ class _Step:
         self.shapes[boundary] = (dtype, trailing)
         return dtype, trailing
 
-    def _receive(self, kind: str, s: int, i: int) -> np.ndarray[Any, Any]:
+    def _receive(self, kind: str, s: int, i: int) -> Any:
         key = (kind, s, i)
         if key not in self.posted and not self._post(kind, s, i):
             raise AssertionError(f"{self.who}: {key} could not be posted")  # validate() rules this out
-        work, buf = self.posted.pop(key)
-        if work is not None:
+        work, buf, dtype = self.posted.pop(key)
+        if work is not None and dtype is not None:  # a receive (not a local message)
             work.wait()
-        self.held.setdefault((s, i), []).append(buf)
+            self.held.setdefault((s, i), []).append((buf, dtype))
         return buf
 
     def _post(self, kind: str, s: int, i: int) -> bool:
@@ -345,10 +345,11 @@ class _Step:
         if peer == self.me:
             if wire_tag not in self.local:
                 return False
-            self.posted[(kind, s, i)] = (None, self.local.pop(wire_tag))
+            self.posted[(kind, s, i)] = (None, self.local.pop(wire_tag), None)
             return True
-        buf = self.pipe._pool.take((hi - lo, *trailing), dtype)
-        self.posted[(kind, s, i)] = (self.pipe.group.irecv(buf, peer, wire_tag), buf)
+        chunk = s // self.p
+        buf = self.pipe._pool.take(chunk, (hi - lo, *trailing), dtype, self.pipe.stages[chunk].empty)
+        self.posted[(kind, s, i)] = (self.pipe.group.irecv(buf, peer, wire_tag), buf, dtype)
         return True
 
     def _post_ahead(self, k: int) -> None:
@@ -370,5 +371,5 @@ class _Step:
         return True
 
     def _release(self, s: int, i: int) -> None:
-        for buf in self.held.pop((s, i), []):
-            self.pipe._pool.give(buf)
+        for buf, dtype in self.held.pop((s, i), []):
+            self.pipe._pool.give(s // self.p, buf, dtype)

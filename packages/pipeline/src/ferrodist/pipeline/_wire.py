@@ -5,8 +5,9 @@ activation forward and one gradient backward, each on a tag of its own, so recei
 by identity and not by order. Before its first activation of a step, a boundary carries a
 header: the step's number and mode, the batch size, and the activation's dtype and shape
 past the batch dimension. The receiver checks it against what its stage takes and sizes
-every receive buffer of the step from it; the sender checks that every later activation
-keeps to it.
+every receive buffer of the step from it, on its own stage's device; the sender checks
+that every later activation keeps to it. Activations and gradients may be any array that
+``as_tensor`` accepts, on the host or a GPU; the header itself is host memory.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import CollectiveMismatch, InvalidArgument
+from ferrodist.core import ALL_DTYPES, CollectiveMismatch, DType, InvalidArgument, Tensor
 
 __all__ = ["HEADER_WORDS", "Pool", "header", "read_header", "split_rows", "tag"]
 
@@ -23,20 +24,8 @@ MAGIC = 0x5049_5045_4C4E  # "PIPELN"
 HEADER_WORDS = 16
 MAX_DIMS = HEADER_WORDS - 6
 _MB_BITS = 16
-#: dtypes an activation may have (numpy's names); the header carries the index
-DTYPES = (
-    "float64",
-    "float32",
-    "float16",
-    "int64",
-    "int32",
-    "int16",
-    "int8",
-    "uint8",
-    "bool",
-    "complex128",
-    "complex64",
-)
+#: dtypes an activation may have; the header carries the index
+DTYPES: tuple[DType, ...] = ALL_DTYPES
 
 
 def tag(boundary: int, backward: bool, microbatch: int) -> int:
@@ -67,9 +56,7 @@ def split_rows(batch: int, n_microbatches: int, who: str) -> list[tuple[int, int
     return bounds
 
 
-def header(step: int, training: bool, batch: int, activation: np.ndarray[Any, Any], who: str) -> np.ndarray[Any, Any]:
-    if activation.dtype.name not in DTYPES:
-        raise InvalidArgument(f"{who}: activations of dtype {activation.dtype} cannot be sent (use one of {DTYPES})")
+def header(step: int, training: bool, batch: int, activation: Tensor, who: str) -> np.ndarray[Any, Any]:
     trailing = activation.shape[1:]
     if activation.ndim == 0 or len(trailing) > MAX_DIMS:
         raise InvalidArgument(
@@ -77,14 +64,12 @@ def header(step: int, training: bool, batch: int, activation: np.ndarray[Any, An
             f"{activation.shape}"
         )
     words = np.zeros(HEADER_WORDS, np.int64)
-    words[:6] = (MAGIC, step, int(training), batch, DTYPES.index(activation.dtype.name), len(trailing))
+    words[:6] = (MAGIC, step, int(training), batch, DTYPES.index(activation.dtype), len(trailing))
     words[6 : 6 + len(trailing)] = trailing
     return words
 
 
-def read_header(
-    words: np.ndarray[Any, Any], step: int, training: bool, who: str
-) -> tuple[int, np.dtype[Any], tuple[int, ...]]:
+def read_header(words: np.ndarray[Any, Any], step: int, training: bool, who: str) -> tuple[int, DType, tuple[int, ...]]:
     """(batch, dtype, trailing shape) from a received header, checked against this rank's step."""
     if int(words[0]) != MAGIC:
         raise CollectiveMismatch(f"{who}: the previous stage sent something that is not a pipeline step header")
@@ -94,18 +79,19 @@ def read_header(
             f"{'train' if training else 'eval'}_step #{step}: every stage must make the same calls"
         )
     ndim = int(words[5])
-    return int(words[3]), np.dtype(DTYPES[int(words[4])]), tuple(int(d) for d in words[6 : 6 + ndim])
+    return int(words[3]), DTYPES[int(words[4])], tuple(int(d) for d in words[6 : 6 + ndim])
 
 
 class Pool:
-    """Receive buffers by (shape, dtype), handed out and taken back across micro-batches."""
+    """Receive buffers by (chunk, shape, dtype), handed out and taken back across micro-batches."""
 
     def __init__(self) -> None:
-        self._free: dict[tuple[tuple[int, ...], str], list[np.ndarray[Any, Any]]] = {}
+        self._free: dict[tuple[int, tuple[int, ...], str], list[Any]] = {}
 
-    def take(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
-        free = self._free.get((shape, dtype.str))
-        return free.pop() if free else np.empty(shape, dtype)
+    def take(self, chunk: int, shape: tuple[int, ...], dtype: DType, make: Any) -> Any:
+        """A free buffer of chunk ``chunk``, or ``make(shape, dtype)``."""
+        free = self._free.get((chunk, shape, dtype.name))
+        return free.pop() if free else make(shape, dtype)
 
-    def give(self, buffer: np.ndarray[Any, Any]) -> None:
-        self._free.setdefault((buffer.shape, buffer.dtype.str), []).append(buffer)
+    def give(self, chunk: int, buffer: Any, dtype: DType) -> None:
+        self._free.setdefault((chunk, tuple(buffer.shape), dtype.name), []).append(buffer)
