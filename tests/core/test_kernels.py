@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from _helpers import examples
 from ferrodist.core import ALL_DTYPES, InvalidArgument, ReduceOp, _kernels, dtype, reduce_into, reduce_many
-from ferrodist.core._reduce import MAX_FUSED_SOURCES
+from ferrodist.core.kernels import MAX_FUSED_SOURCES
 from ferrodist.testing import assert_reduced, reduce_values
 from ferrodist.testing.strategies import tensors
 
@@ -115,11 +115,12 @@ def test_destination_may_be_a_source(dt):
 
 
 @pytest.mark.parametrize(("dt", "op"), PAIRS, ids=[f"{d.name}-{o.name}" for d, o in PAIRS])
-def test_in_place_reduction_over_many_blocks_matches_out_of_place(dt, op):
-    # An in-place call goes block by block through a private buffer (see _kernels.BLOCK):
-    # sizes around block boundaries, every source position as the destination.
+def test_in_place_reduction_matches_out_of_place(dt, op):
+    # The destination as each source in turn (positions 0 and 1 have compiled variants that
+    # read that source through the destination; 2 goes through a temporary), at lengths
+    # that end inside and after a vector of any width.
     rng = np.random.default_rng(len(PAIRS))
-    for n in (_kernels.BLOCK - 1, 2 * _kernels.BLOCK + 37):
+    for n in (1, 37, 2 * 2048 + 37):
         low, high = (-2, 3) if op is ReduceOp.PRODUCT else (-100, 100)
         srcs = [rng.integers(low, high, n).astype(dt.numpy) for _ in range(3)]
         expected = np.empty(n, dt.numpy)

@@ -1,30 +1,76 @@
-"""CPU reduction kernels (private): plain arrays in, no validation, no allocation per element.
+"""CPU reduction kernels (private; ``ferrodist.core.kernels`` is their public face).
 
-Every kernel has the shape ``kernel(dst, srcs, op, divisor)``: ``srcs`` is a tuple
-of k one-dimensional arrays of ``dst``'s length, and the kernel writes
-``dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... (op) srcs[k-1][i]`` reading every
-source once, in one pass (``dst`` may be one of the sources). Operands are combined
-left to right, so a caller that passes the same tuple order gets the same bits.
+A kernel writes ``dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... (op) srcs[k-1][i]``: ``srcs``
+is a tuple of k one-dimensional arrays of ``dst``'s length, each read once, in one pass,
+combined left to right (a caller that passes the same order gets the same bits).
 
-float16 and bfloat16 arrive as their uint16 bit patterns: each element is widened
-to float32, the k sources are combined in float32, and the result is rounded once
-to nearest-even. ``divisor`` (for AVG) divides the float32/float64 result before
-that single rounding. Opcodes are the values of :class:`ferrodist.core.ReduceOp`.
+Everything that decides the loop is a compile-time constant: the element kind (``PLAIN``,
+or float16/bfloat16 as their uint16 bits, widened to float32 and rounded once to
+nearest-even), the op, whether to divide, and where ``dst`` is among the sources.
+:func:`fold_kernel` makes one small compiled function per such choice (a closure over
+integers, which Numba treats as literals and caches on disk); Numba specialises it further
+per dtype and per k. The element loop therefore holds one op and no branch, and LLVM
+vectorises it. ``dst`` either overlaps no source (``position`` -1) or *is* source
+``position``: that source is then read through ``dst`` itself, so the only run-time check
+LLVM adds (that ``dst`` overlaps none of the other sources) passes. ``_reduce`` compiles
+positions -1, 0 and 1 (what the collectives use) and folds anything else through a
+temporary.
+
+Opcodes are the values of :class:`ferrodist.core.ReduceOp`.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
+from numba import types
+from numba.core.errors import TypingError
+from numba.extending import overload
 
 from ._jit import HARDWARE_HALF, bits_from_f32, f16_bits_from_f32, f32_from_bits, f32_from_f16_bits, jit
 
-# Opcodes: the values of ReduceOp (kernels see plain ints; Numba freezes these at compile time).
 SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR = range(8)
+#: Element kinds: the array's own values, or the bits of a bfloat16 / float16.
+PLAIN, BF16, F16 = range(3)
+
+
+def combine(a, b, op):  # type: ignore[no-untyped-def]
+    """``a (op) b``. With ``op`` a compile-time constant (a global or closure integer), the
+    one operation alone is compiled; otherwise a branch per op (MIN and MAX propagate NaN
+    the way ``numpy.minimum`` / ``numpy.maximum`` do; bitwise ops for integers only)."""
+
+
+def _literal(value: Any) -> int | None:
+    return int(value.literal_value) if isinstance(value, types.IntegerLiteral) else None
+
+
+@overload(combine, inline="always", prefer_literal=True)
+def _combine_typed(a, b, op):  # type: ignore[no-untyped-def]
+    code = _literal(op)
+    floating = isinstance(a, types.Float)
+    if code is None:
+        return (lambda a, b, op: _combine_float(a, b, op)) if floating else (lambda a, b, op: _combine(a, b, op))
+    if code in (SUM, AVG):
+        return lambda a, b, op: a + b
+    if code == PRODUCT:
+        return lambda a, b, op: a * b
+    if code == MIN:
+        return lambda a, b, op: a if (a <= b or a != a) else b
+    if code == MAX:
+        return lambda a, b, op: a if (a >= b or a != a) else b
+    if floating:
+        raise TypingError(f"combine: opcode {code} does not apply to {a}")
+    if code == BAND:
+        return lambda a, b, op: a & b
+    if code == BOR:
+        return lambda a, b, op: a | b
+    return lambda a, b, op: a ^ b
 
 
 @jit(inline="always")
 def _combine(a, b, op):  # type: ignore[no-untyped-def]
-    # MIN and MAX propagate NaN the way numpy.minimum / numpy.maximum do.
     if op == SUM:
         return a + b
     if op == PRODUCT:
@@ -51,87 +97,74 @@ def _combine_float(a, b, op):  # type: ignore[no-untyped-def]
     return a if (a >= b or a != a) else b
 
 
-#: Elements per block when ``dst`` overlaps a source (see the note above ``_int_fold``).
-BLOCK = 2048
+def load(x, kind):  # type: ignore[no-untyped-def]
+    """The value an element holds: ``x`` itself (``PLAIN``), or the float32 of bfloat16 /
+    float16 bits (``BF16``, ``F16``). ``kind`` must be a compile-time constant."""
 
 
-@jit(inline="always")
-def _overlaps(dst, srcs):  # type: ignore[no-untyped-def]
-    d0 = dst.ctypes.data
-    d1 = d0 + dst.shape[0] * dst.itemsize
-    for s in range(len(srcs)):
-        s0 = srcs[s].ctypes.data
-        if s0 < d1 and d0 < s0 + srcs[s].shape[0] * srcs[s].itemsize:
-            return True
-    return False
+@overload(load, inline="always", prefer_literal=True)
+def _load_typed(x, kind):  # type: ignore[no-untyped-def]
+    code = _literal(kind)
+    if code == BF16:
+        return lambda x, kind: _bf16_load(x)
+    if code == F16:
+        return lambda x, kind: _f16_load(x)
+    if code == PLAIN:
+        return lambda x, kind: x
+    raise TypingError(f"load: kind must be a compile-time PLAIN, BF16 or F16, not {kind}")
 
 
-# Each fold writes ``out[i - lo]`` for i in lo..hi. LLVM vectorises a fold only after a
-# run-time check that ``out`` overlaps no source; ``dst`` is often one of the sources (an
-# in-place reduction), and then that check sends the whole call to the scalar loop (3-7x
-# slower). So an overlapping call folds block by block into a small private buffer and
-# copies each block out: both loops vectorise, and the block stays in L1.
+def store(x, kind):  # type: ignore[no-untyped-def]
+    """What to write for value ``x``: ``x`` (``PLAIN``; the assignment converts), or its
+    bfloat16 / float16 bits rounded to nearest-even (``BF16``, ``F16``)."""
 
 
-@jit(inline="always")
-def _int_fold(out, srcs, lo, hi, op, divisor):  # type: ignore[no-untyped-def]
-    first = srcs[0]
-    ulo, uhi = np.uint64(lo), np.uint64(hi)  # unsigned: no negative-index wrap-around, which blocks vectorising
-    for u in range(ulo, uhi):
-        acc = first[u]
-        for s in range(1, len(srcs)):
-            acc = _combine(acc, srcs[s][u], op)
-        out[u - ulo] = acc
+@overload(store, inline="always", prefer_literal=True)
+def _store_typed(x, kind):  # type: ignore[no-untyped-def]
+    code = _literal(kind)
+    if code == BF16:
+        return lambda x, kind: _bf16_store(x)
+    if code == F16:
+        return lambda x, kind: _f16_store(x)
+    if code == PLAIN:
+        return lambda x, kind: x
+    raise TypingError(f"store: kind must be a compile-time PLAIN, BF16 or F16, not {kind}")
 
 
-@jit(inline="always")
-def _float_fold(out, srcs, lo, hi, op, divisor):  # type: ignore[no-untyped-def]
-    first = srcs[0]
-    ulo, uhi = np.uint64(lo), np.uint64(hi)  # unsigned: no negative-index wrap-around, which blocks vectorising
-    if divisor == 1.0:
-        for u in range(ulo, uhi):
-            acc = first[u]
+def finish(acc, divisor, divide, kind):  # type: ignore[no-untyped-def]
+    """``acc / divisor`` when ``divide`` (a compile-time 0 or 1), in float32 for the 16-bit
+    kinds and in float64 for ``PLAIN`` floats (rounded once when stored); else ``acc``."""
+
+
+@overload(finish, inline="always", prefer_literal=True)
+def _finish_typed(acc, divisor, divide, kind):  # type: ignore[no-untyped-def]
+    if not _literal(divide):
+        return lambda acc, divisor, divide, kind: acc
+    if _literal(kind) in (BF16, F16):
+        return lambda acc, divisor, divide, kind: acc / np.float32(divisor)
+    return lambda acc, divisor, divide, kind: acc / divisor
+
+
+@functools.cache
+def fold_kernel(kind: int, op: int, divide: bool, position: int) -> Any:
+    """The compiled ``kernel(dst, srcs, divisor)`` for one element kind, opcode (AVG folds as
+    SUM; pass ``divide``), and place of ``dst``: -1 (it overlaps no source) or the index of
+    the source it is. ``srcs`` is a tuple of 1 to ``MAX_FUSED_SOURCES`` arrays."""
+    divides = int(divide)
+
+    @jit
+    def kernel(dst, srcs, divisor):  # type: ignore[no-untyped-def]
+        n = np.uint64(dst.shape[0])  # unsigned: no negative-index wrap-around, which blocks vectorising
+        for u in range(np.uint64(0), n):
+            # The source that is dst is read through dst (the branches fold away: position
+            # is a constant and LLVM unrolls the loop over the tuple).
+            acc = load(dst[u], kind) if position == 0 else load(srcs[0][u], kind)
             for s in range(1, len(srcs)):
-                acc = _combine_float(acc, srcs[s][u], op)
-            out[u - ulo] = acc
-    else:
-        for u in range(ulo, uhi):
-            acc = first[u]
-            for s in range(1, len(srcs)):
-                acc = _combine_float(acc, srcs[s][u], op)
-            out[u - ulo] = acc / divisor
+                x = load(dst[u], kind) if s == position else load(srcs[s][u], kind)
+                acc = combine(acc, x, op)
+            dst[u] = store(finish(acc, divisor, divides, kind), kind)
 
-
-@jit
-def reduce_int(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    """Integer (and bool viewed as uint8) reduction; wraps around like numpy (no divisor)."""
-    n = dst.shape[0]
-    if not _overlaps(dst, srcs):
-        _int_fold(dst, srcs, 0, n, op, divisor)
-        return
-    block = np.empty(min(n, BLOCK), dst.dtype)
-    for lo in range(0, n, BLOCK):
-        hi = min(lo + BLOCK, n)
-        _int_fold(block, srcs, lo, hi, op, divisor)
-        ulo, uhi = np.uint64(lo), np.uint64(hi)
-        for u in range(ulo, uhi):
-            dst[u] = block[u - ulo]
-
-
-@jit
-def reduce_float(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    """float32 / float64 reduction in the array's own precision."""
-    n = dst.shape[0]
-    if not _overlaps(dst, srcs):
-        _float_fold(dst, srcs, 0, n, op, divisor)
-        return
-    block = np.empty(min(n, BLOCK), dst.dtype)
-    for lo in range(0, n, BLOCK):
-        hi = min(lo + BLOCK, n)
-        _float_fold(block, srcs, lo, hi, op, divisor)
-        ulo, uhi = np.uint64(lo), np.uint64(hi)
-        for u in range(ulo, uhi):
-            dst[u] = block[u - ulo]
+    return kernel
 
 
 @jit(inline="always")
@@ -185,115 +218,6 @@ def _f16_store(x):  # type: ignore[no-untyped-def]
         odd = (mag >> 13) & 1
         out = (mag + ((15 - 127) << 23) + 0xFFF + odd) >> 13
     return np.uint16(out | sign)
-
-
-# float16 / bfloat16: one small kernel per op, compiled on first use. The op (and whether to
-# divide) must be a compile-time constant inside the element loop: a run-time op switch
-# there stops LLVM from vectorising the widen-combine-round loop (4-5x slower at k > 2).
-
-
-@jit(inline="always")
-def _bf16_range(out, srcs, lo, hi, op, divide, divisor):  # type: ignore[no-untyped-def]
-    div = np.float32(divisor)
-    first = srcs[0]
-    ulo, uhi = np.uint64(lo), np.uint64(hi)  # unsigned: no negative-index wrap-around, which blocks vectorising
-    for u in range(ulo, uhi):
-        acc = _bf16_load(first[u])
-        for s in range(1, len(srcs)):
-            acc = _combine_float(acc, _bf16_load(srcs[s][u]), op)
-        out[u - ulo] = _bf16_store(acc / div if divide else acc)
-
-
-@jit(inline="always")
-def _bf16_fold(dst, srcs, op, divide, divisor):  # type: ignore[no-untyped-def]
-    n = dst.shape[0]
-    if not _overlaps(dst, srcs):
-        _bf16_range(dst, srcs, 0, n, op, divide, divisor)
-        return
-    block = np.empty(min(n, BLOCK), dst.dtype)
-    for lo in range(0, n, BLOCK):
-        hi = min(lo + BLOCK, n)
-        _bf16_range(block, srcs, lo, hi, op, divide, divisor)
-        ulo, uhi = np.uint64(lo), np.uint64(hi)
-        for u in range(ulo, uhi):
-            dst[u] = block[u - ulo]
-
-
-@jit(inline="always")
-def _f16_range(out, srcs, lo, hi, op, divide, divisor):  # type: ignore[no-untyped-def]
-    div = np.float32(divisor)
-    first = srcs[0]
-    ulo, uhi = np.uint64(lo), np.uint64(hi)  # unsigned: no negative-index wrap-around, which blocks vectorising
-    for u in range(ulo, uhi):
-        acc = _f16_load(first[u])
-        for s in range(1, len(srcs)):
-            acc = _combine_float(acc, _f16_load(srcs[s][u]), op)
-        out[u - ulo] = _f16_store(acc / div if divide else acc)
-
-
-@jit(inline="always")
-def _f16_fold(dst, srcs, op, divide, divisor):  # type: ignore[no-untyped-def]
-    n = dst.shape[0]
-    if not _overlaps(dst, srcs):
-        _f16_range(dst, srcs, 0, n, op, divide, divisor)
-        return
-    block = np.empty(min(n, BLOCK), dst.dtype)
-    for lo in range(0, n, BLOCK):
-        hi = min(lo + BLOCK, n)
-        _f16_range(block, srcs, lo, hi, op, divide, divisor)
-        ulo, uhi = np.uint64(lo), np.uint64(hi)
-        for u in range(ulo, uhi):
-            dst[u] = block[u - ulo]
-
-
-@jit
-def bf16_sum(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    _bf16_fold(dst, srcs, SUM, False, divisor)
-
-
-@jit
-def bf16_avg(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    _bf16_fold(dst, srcs, SUM, True, divisor)
-
-
-@jit
-def bf16_product(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    _bf16_fold(dst, srcs, PRODUCT, False, divisor)
-
-
-@jit
-def bf16_min(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    _bf16_fold(dst, srcs, MIN, False, divisor)
-
-
-@jit
-def bf16_max(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    _bf16_fold(dst, srcs, MAX, False, divisor)
-
-
-@jit
-def f16_sum(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    _f16_fold(dst, srcs, SUM, False, divisor)
-
-
-@jit
-def f16_avg(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    _f16_fold(dst, srcs, SUM, True, divisor)
-
-
-@jit
-def f16_product(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    _f16_fold(dst, srcs, PRODUCT, False, divisor)
-
-
-@jit
-def f16_min(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    _f16_fold(dst, srcs, MIN, False, divisor)
-
-
-@jit
-def f16_max(dst, srcs, op, divisor):  # type: ignore[no-untyped-def]
-    _f16_fold(dst, srcs, MAX, False, divisor)
 
 
 @jit

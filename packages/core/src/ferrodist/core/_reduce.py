@@ -36,60 +36,60 @@ _BOOL_OPCODE = {
 
 
 @functools.cache
-def _table() -> dict[tuple[str, ReduceOp], tuple[Any, np.dtype[Any] | None, int]]:
-    """(dtype name, op) -> (kernel, bit-pattern view dtype or None, opcode).
+def _table() -> dict[tuple[str, ReduceOp], tuple[int, np.dtype[Any] | None, int]]:
+    """(dtype name, op) -> (element kind, bit-pattern view dtype or None, opcode).
 
-    Built on first use so that importing ferrodist.core does not import Numba.
-    Kernels are compiled lazily, per source count, on their first call.
+    The one opcode table of the reductions: the CPU kernels here, the shared-memory
+    pipelines (through ``ferrodist.core.kernels.plan``) and the GPU kernels fold with it.
     """
     from . import _kernels as k
 
-    halves = {
-        "float16": {
-            ReduceOp.SUM: k.f16_sum,
-            ReduceOp.AVG: k.f16_avg,
-            ReduceOp.PRODUCT: k.f16_product,
-            ReduceOp.MIN: k.f16_min,
-            ReduceOp.MAX: k.f16_max,
-        },
-        "bfloat16": {
-            ReduceOp.SUM: k.bf16_sum,
-            ReduceOp.AVG: k.bf16_avg,
-            ReduceOp.PRODUCT: k.bf16_product,
-            ReduceOp.MIN: k.bf16_min,
-            ReduceOp.MAX: k.bf16_max,
-        },
-    }
-    table: dict[tuple[str, ReduceOp], tuple[Any, np.dtype[Any] | None, int]] = {}
+    table: dict[tuple[str, ReduceOp], tuple[int, np.dtype[Any] | None, int]] = {}
     for dt in ALL_DTYPES:
         for op in dt.ops:
             opcode = ReduceOp.SUM if op is ReduceOp.AVG else op
-            if dt.name in halves:
-                table[(dt.name, op)] = (halves[dt.name][op], np.dtype(np.uint16), opcode.value)
-            elif dt.is_floating:
-                table[(dt.name, op)] = (k.reduce_float, None, opcode.value)
+            if dt.name in ("float16", "bfloat16"):
+                kind = k.BF16 if dt.name == "bfloat16" else k.F16
+                table[(dt.name, op)] = (kind, np.dtype(np.uint16), opcode.value)
             elif dt.name == "bool":
-                table[(dt.name, op)] = (k.reduce_int, np.dtype(np.uint8), _BOOL_OPCODE.get(op, op).value)
+                table[(dt.name, op)] = (k.PLAIN, np.dtype(np.uint8), _BOOL_OPCODE.get(op, op).value)
             else:
-                table[(dt.name, op)] = (k.reduce_int, None, opcode.value)
+                table[(dt.name, op)] = (k.PLAIN, None, opcode.value)
     return table
+
+
+def plan(dt: DType, op: ReduceOp) -> tuple[int, np.dtype[Any] | None, int]:
+    """How ``(dt, op)`` is folded: ``(kind, view, opcode)``: the element kind (``PLAIN``,
+    ``BF16``, ``F16`` of ``ferrodist.core.kernels``), the dtype to view the arrays as first
+    (uint16 bits for the 16-bit floats, uint8 for bool; None: as they are) and the opcode
+    (AVG folds as SUM; bool's SUM/MAX as BOR, PRODUCT/MIN as BAND). The caller has checked
+    the op with ``check_op``."""
+    return _table()[(dt.name, op)]
 
 
 def pairwise_opcode(dt: DType, op: ReduceOp) -> tuple[np.dtype[Any] | None, int] | None:
     """For code that folds sources two at a time in the array's own precision (and so gets
     the same bits as the kernels): the view to apply first (bool as uint8, else None) and the
     opcode. None for float16/bfloat16, whose kernels accumulate in float32 and round once."""
-    _, view, opcode = _table()[(dt.name, op)]
-    if dt.name in ("float16", "bfloat16"):
-        return None
-    return view, opcode
+    kind, view, opcode = plan(dt, op)
+    return None if kind else (view, opcode)
 
 
-def half_opcode(dt: DType, op: ReduceOp) -> int | None:
-    """float16/bfloat16: the opcode their kernels fold with (AVG folds as SUM), else None."""
-    if dt.name not in ("float16", "bfloat16"):
-        return None
-    return _table()[(dt.name, op)][2]
+def _position(dst: Array, srcs: Sequence[Array]) -> int:
+    """-1: ``dst`` shares no memory with a source; j: it is exactly source j (the first such);
+    -2: it overlaps a source otherwise."""
+    for j, s in enumerate(srcs):
+        if s is dst:
+            return j
+    found = -1
+    for j, s in enumerate(srcs):
+        if np.may_share_memory(dst, s):
+            same = s.__array_interface__["data"][0] == dst.__array_interface__["data"][0] and s.shape == dst.shape
+            if not same:
+                return -2
+            if found < 0:
+                found = j
+    return found
 
 
 @functools.cache
@@ -97,12 +97,28 @@ def reducer(dt: DType, op: ReduceOp) -> Reducer:
     """The kernel for ``(dt, op)`` as ``fn(dst, srcs, divisor)``.
 
     ``dst`` and every source are one-dimensional numpy arrays of ``dt`` with the same
-    length; ``dst`` may be one of the sources. ``divisor`` divides the combined value
-    before its rounding (pass ``1.0`` except for AVG; integer kernels ignore it).
-    AVG combines as SUM: the caller chooses the divisor (the number of ranks).
-    The caller has checked the op with ``check_op``.
+    length; ``dst`` may be one of the sources (the first or second has a compiled variant
+    of its own; a later one, or a partial overlap, goes through a temporary). ``divisor`` divides the combined value before its rounding (pass ``1.0``
+    except for AVG; integer kernels ignore it). AVG combines as SUM: the caller chooses the
+    divisor (the number of ranks). The caller has checked the op with ``check_op``.
     """
-    kernel, view, opcode = _table()[(dt.name, op)]
+    from ._kernels import fold_kernel
+
+    kind, view, opcode = plan(dt, op)
+    floating = dt.is_floating
+
+    def kernel(divisor: float, position: int) -> Any:
+        return fold_kernel(kind, opcode, floating and divisor != 1.0, position)
+
+    def fold(dst: Array, srcs: Sequence[Array], divisor: float) -> None:
+        """At most MAX_FUSED_SOURCES sources."""
+        position = _position(dst, srcs)
+        if position == -2 or position > 1:  # rare: not worth a compiled variant of its own
+            tmp = np.empty_like(dst)
+            kernel(divisor, -1)(tmp, tuple(srcs), divisor)
+            dst[...] = tmp
+            return
+        kernel(divisor, position)(dst, tuple(srcs), divisor)
 
     def run(dst: Array, srcs: Sequence[Array], divisor: float) -> None:
         if view is not None:
@@ -110,16 +126,16 @@ def reducer(dt: DType, op: ReduceOp) -> Reducer:
             srcs = [s.view(view) for s in srcs]
         rest = srcs[MAX_FUSED_SOURCES:]
         if not rest:
-            kernel(dst, tuple(srcs), opcode, divisor)  # an in-place call is blocked inside the kernel
+            fold(dst, srcs, divisor)
             return
         # More sources than one kernel reads: fold them in groups, dividing only at the end.
         target = dst
         if any(np.may_share_memory(dst, s) for s in rest):
             target = np.empty_like(dst)  # dst is read later: accumulate elsewhere first
-        kernel(target, tuple(srcs[:MAX_FUSED_SOURCES]), opcode, 1.0)
+        fold(target, srcs[:MAX_FUSED_SOURCES], 1.0)
         while rest:
             group, rest = rest[: MAX_FUSED_SOURCES - 1], rest[MAX_FUSED_SOURCES - 1 :]
-            kernel(target, (target, *group), opcode, 1.0 if rest else divisor)
+            fold(target, (target, *group), 1.0 if rest else divisor)
         if target is not dst:
             dst[...] = target
 

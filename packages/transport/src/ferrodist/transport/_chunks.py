@@ -28,9 +28,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from ferrodist.core._jit import copy_into, jit, store_release
-from ferrodist.core._kernels import SUM as _SUM
-from ferrodist.core._kernels import _bf16_load, _bf16_store, _combine, _combine_float, _f16_load, _f16_store
+from ferrodist.core.kernels import BF16, F16, SUM, combine, copy_into, jit, load, store, store_release
 
 from ._arena import CALL, CALL_NUMBER, COPIED, COUNTERS, GATHERED, LINE, REDUCED
 from ._spin import first_different, publish, spin_until
@@ -63,21 +61,9 @@ HALF = 16
 #: The call's number on its group, plus one (with the fingerprint, the call's identity).
 NUMBER = 17
 STATE = 18
-BF16, F16 = 1, 2
 
 _WORDS = LINE // 8
 _STRIDE = COUNTERS * _WORDS  # words between two ranks' copies of one counter
-
-
-def _combine_any(a, b, op):  # type: ignore[no-untyped-def]
-    """``a (op) b`` for the array's dtype (typed by the overload below)."""
-
-
-@overload(_combine_any)
-def _combine_any_typed(a, b, op):  # type: ignore[no-untyped-def]
-    if isinstance(a, types.Float):
-        return lambda a, b, op: _combine_float(a, b, op)
-    return lambda a, b, op: _combine(a, b, op)
 
 
 @jit(inline="always")
@@ -85,10 +71,10 @@ def _fold(out, a, b, op, divisor):  # type: ignore[no-untyped-def]
     """``out = (a op b) / divisor``; ``out`` overlaps neither source."""
     if divisor == 1.0:
         for i in range(out.shape[0]):
-            out[i] = _combine_any(a[i], b[i], op)
+            out[i] = combine(a[i], b[i], op)
     else:
         for i in range(out.shape[0]):
-            out[i] = _combine_any(a[i], b[i], op) / divisor
+            out[i] = combine(a[i], b[i], op) / divisor
 
 
 @jit(inline="always")
@@ -96,10 +82,10 @@ def _fold_in(out, b, op, divisor):  # type: ignore[no-untyped-def]
     """``out = (out op b) / divisor``."""
     if divisor == 1.0:
         for i in range(out.shape[0]):
-            out[i] = _combine_any(out[i], b[i], op)
+            out[i] = combine(out[i], b[i], op)
     else:
         for i in range(out.shape[0]):
-            out[i] = _combine_any(out[i], b[i], op) / divisor
+            out[i] = combine(out[i], b[i], op) / divisor
 
 
 @jit(inline="always")
@@ -240,7 +226,7 @@ def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
 
 @jit(inline="always")
 def _widen(h, half):  # type: ignore[no-untyped-def]
-    return _bf16_load(h) if half == BF16 else _f16_load(h)
+    return load(h, BF16) if half == BF16 else load(h, F16)
 
 
 @jit(inline="always")
@@ -255,11 +241,11 @@ def _fold_halves(x, data, s, slots, chunk, p, op, divisor, half):  # type: ignor
     for q in range(1, p):
         src = _slot(data, x, q, s, slots, chunk, n)
         for i in range(n):
-            acc[i] = _combine_float(acc[i], _widen(src[i], half), op)
+            acc[i] = combine(acc[i], _widen(src[i], half), op)
     div = np.float32(divisor)
     for i in range(n):
         value = acc[i] / div if divisor != 1.0 else acc[i]
-        x[i] = _bf16_store(value) if half == BF16 else _f16_store(value)
+        x[i] = store(value, BF16) if half == BF16 else store(value, F16)
 
 
 #: Elements per float32 accumulator block of the large float16/bfloat16 fold.
@@ -282,7 +268,7 @@ def _fold_halves_block_typed(out, x, part, data, me, s, slots, chunk, m, b0, b1,
         # The loops are written out per type and per division on purpose: with ``half`` or
         # the division tested inside one loop, LLVM kept the test in the loop and a 64 MiB
         # bfloat16 all_reduce took 70 ms instead of 17.
-        if p == 2 and op == _SUM:  # one fused pass, as fast as the kernels
+        if p == 2 and op == SUM:  # one fused pass, as fast as the kernels
             a = _source(data, x, part, me, 0, s, slots, chunk, m)[b0:b1]
             b = _source(data, x, part, me, 1, s, slots, chunk, m)[b0:b1]
             div = np.float32(divisor)
@@ -290,16 +276,16 @@ def _fold_halves_block_typed(out, x, part, data, me, s, slots, chunk, m, b0, b1,
             if half == BF16:
                 if divisor != 1.0:
                     for u in range(k):
-                        out[u] = _bf16_store((_bf16_load(a[u]) + _bf16_load(b[u])) / div)
+                        out[u] = store((load(a[u], BF16) + load(b[u], BF16)) / div, BF16)
                 else:
                     for u in range(k):
-                        out[u] = _bf16_store(_bf16_load(a[u]) + _bf16_load(b[u]))
+                        out[u] = store(load(a[u], BF16) + load(b[u], BF16), BF16)
             elif divisor != 1.0:
                 for u in range(k):
-                    out[u] = _f16_store((_f16_load(a[u]) + _f16_load(b[u])) / div)
+                    out[u] = store((load(a[u], F16) + load(b[u], F16)) / div, F16)
             else:
                 for u in range(k):
-                    out[u] = _f16_store(_f16_load(a[u]) + _f16_load(b[u]))
+                    out[u] = store(load(a[u], F16) + load(b[u], F16), F16)
             return
         for lo in range(b0, b1, HALF_BLOCK):
             hi = min(lo + HALF_BLOCK, b1)
@@ -307,40 +293,40 @@ def _fold_halves_block_typed(out, x, part, data, me, s, slots, chunk, m, b0, b1,
             first = _source(data, x, part, me, 0, s, slots, chunk, m)[lo:hi]
             if half == BF16:
                 for u in range(k):
-                    acc[u] = _bf16_load(first[u])
+                    acc[u] = load(first[u], BF16)
             else:
                 for u in range(k):
-                    acc[u] = _f16_load(first[u])
+                    acc[u] = load(first[u], F16)
             for q in range(1, p):
                 src = _source(data, x, part, me, q, s, slots, chunk, m)[lo:hi]
                 if half == BF16:
-                    if op == _SUM:  # the common op gets a loop of its own, which vectorises
+                    if op == SUM:  # the common op gets a loop of its own, which vectorises
                         for u in range(k):
-                            acc[u] += _bf16_load(src[u])
+                            acc[u] += load(src[u], BF16)
                     else:
                         for u in range(k):
-                            acc[u] = _combine_float(acc[u], _bf16_load(src[u]), op)
-                elif op == _SUM:
+                            acc[u] = combine(acc[u], load(src[u], BF16), op)
+                elif op == SUM:
                     for u in range(k):
-                        acc[u] += _f16_load(src[u])
+                        acc[u] += load(src[u], F16)
                 else:
                     for u in range(k):
-                        acc[u] = _combine_float(acc[u], _f16_load(src[u]), op)
+                        acc[u] = combine(acc[u], load(src[u], F16), op)
             o = out[lo - b0 : hi - b0]
             div = np.float32(divisor)
             if half == BF16:
                 if divisor != 1.0:
                     for u in range(k):
-                        o[u] = _bf16_store(acc[u] / div)
+                        o[u] = store(acc[u] / div, BF16)
                 else:
                     for u in range(k):
-                        o[u] = _bf16_store(acc[u])
+                        o[u] = store(acc[u], BF16)
             elif divisor != 1.0:
                 for u in range(k):
-                    o[u] = _f16_store(acc[u] / div)
+                    o[u] = store(acc[u] / div, F16)
             else:
                 for u in range(k):
-                    o[u] = _f16_store(acc[u])
+                    o[u] = store(acc[u], F16)
 
     return fold
 

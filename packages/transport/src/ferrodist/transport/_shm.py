@@ -27,7 +27,7 @@ from ferrodist.core import (
     ReduceOp,
     reducer,
 )
-from ferrodist.core._reduce import half_opcode, pairwise_opcode
+from ferrodist.core.kernels import pairwise_opcode, plan
 
 from . import _chunks
 from ._arena import COPIED, GATHERED, Arena
@@ -205,11 +205,8 @@ class ShmCollectives:
         if p < 2:
             return ()
         divisor = float(p) if op is ReduceOp.AVG else 1.0
-        found = pairwise_opcode(dt, op)
-        if found is not None:
-            return (found[0], found[1], divisor, 0)
-        half = _chunks.BF16 if dt.name == "bfloat16" else _chunks.F16
-        return (np.dtype(np.uint16), half_opcode(dt, op), divisor, half)
+        kind, view, opcode = plan(dt, op)  # kind: 0, or the 16-bit float type (BF16, F16)
+        return (view, opcode, divisor, kind)
 
     def _start(self, fingerprint: int, seq: int, op: int = 0, root: int = -1) -> Array:
         """The state words for a compiled loop of ``_chunks`` starting now."""

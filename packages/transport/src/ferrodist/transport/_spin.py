@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ferrodist.core._jit import jit, load_acquire, store_release
+from ferrodist.core.kernels import jit, load_acquire, store_release
 
 __all__ = ["first_different", "publish", "spin_until"]
 
