@@ -67,6 +67,11 @@ def test_violations_are_reported(tmp_path: Path) -> None:
     write(tmp_path, "packages/transport/src/ferrodist/__init__.py", "")
     write(tmp_path, "packages/mystery/src/ferrodist/mystery/__init__.py", "")
     write(tmp_path, "packages/launch/src/ferrodist/launch/w.py", "from ferrodist.nope import thing\n")
+    write(
+        tmp_path,
+        "packages/launch/src/ferrodist/launch/v.py",
+        "from ferrodist.core import kernels\nfrom ferrodist.core._jit import jit\n",
+    )
     result = run_checker(str(tmp_path))
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
@@ -78,6 +83,7 @@ def test_violations_are_reported(tmp_path: Path) -> None:
         "packages/transport/src/ferrodist/__init__.py:1: ferrodist is a PEP 420 namespace package",
         "packages/mystery/src/ferrodist/mystery:1: unknown package 'mystery'",
         "packages/launch/src/ferrodist/launch/w.py:1: import of unknown ferrodist package 'ferrodist.nope'",
+        "packages/launch/src/ferrodist/launch/v.py:2: ferrodist.launch imports the private module ferrodist.core._jit",
     ]
     for line in expected:
         assert line in out, f"missing {line!r} in:\n{out}"

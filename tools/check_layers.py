@@ -1,6 +1,6 @@
 """Check ferrodist's import rules (run from the repo root: ``python tools/check_layers.py [ROOT]``).
 
-Three rules, read from the source with ``ast`` (nothing is imported):
+Four rules, read from the source with ``ast`` (nothing is imported):
 
 1. Layers: a package imports only the ferrodist packages that ``ALLOWED`` lists for it
    (absolute ``import ferrodist.x`` / ``from ferrodist.x import ...``; relative imports
@@ -8,6 +8,8 @@ Three rules, read from the source with ``ast`` (nothing is imported):
 2. Namespace: no ``packages/*/src/ferrodist/__init__.py`` (``ferrodist`` is a PEP 420 namespace).
 3. No side effects at import: the optional heavy dependencies in ``HEAVY`` are imported
    inside the functions that need them, never when a module under ``packages/`` is imported.
+4. Public only: a package imports no private module (``ferrodist.x._y``) of another one;
+   what a sibling needs, ``ferrodist.x`` or a public module of it exports.
 
 Prints ``path:line: message`` per violation and exits 1, or prints one OK line and exits 0.
 """
@@ -116,6 +118,11 @@ def _layer_violations(tree: ast.Module, rel: str, pkg: str) -> Iterator[str]:
             elif parts[1] not in ALLOWED[pkg]:
                 allowed = ", ".join(sorted(ALLOWED[pkg])) or "no other ferrodist package"
                 yield f"{rel}:{node.lineno}: ferrodist.{pkg} must not import ferrodist.{parts[1]} (it may import: {allowed})"
+            elif len(parts) > 2 and parts[2].startswith("_"):
+                yield (
+                    f"{rel}:{node.lineno}: ferrodist.{pkg} imports the private module ferrodist.{parts[1]}.{parts[2]}; "
+                    f"use what ferrodist.{parts[1]} makes public"
+                )
 
 
 def check(root: Path) -> tuple[list[str], int]:
@@ -162,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         print(f"check_layers: {len(errors)} violation(s)", file=sys.stderr)
         return 1
-    print(f"check_layers: OK ({count} files under {root / 'packages'}: layers, namespace, lazy heavy imports)")
+    print(
+        f"check_layers: OK ({count} files under {root / 'packages'}: layers, namespace, lazy heavy imports, public only)"
+    )
     return 0
 
 
