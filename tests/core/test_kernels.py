@@ -208,3 +208,17 @@ def test_numba_import_moves_its_objects_out_of_the_collectors_way(setting, froze
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert (int(out.stdout) > 10_000) is frozen
+
+
+@pytest.mark.parametrize("shift", [1, -1, 3])
+def test_a_destination_that_partly_overlaps_a_source_gets_numpys_result(shift):
+    """Views of one buffer, offset by a few elements: the call goes through a temporary and
+    gives what numpy gives (which buffers overlapping operands)."""
+    n = 1000
+    buf = np.arange(n + 8, dtype=np.float32)
+    other = np.linspace(0, 1, n, dtype=np.float32)
+    src = buf[4 : 4 + n]
+    dst = buf[4 + shift : 4 + shift + n]
+    expected = np.add(src.copy(), other)
+    reduce_many(dst, [src, other], ReduceOp.SUM)
+    np.testing.assert_array_equal(dst, expected)
