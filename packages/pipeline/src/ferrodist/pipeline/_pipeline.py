@@ -162,7 +162,7 @@ class _Step:
         self.shapes: dict[int, tuple[DType, tuple[int, ...]]] = {}  # boundary -> activation's (dtype, trailing)
         self.sent_headers: set[int] = set()
         # (kind, stage, mb) -> (its receive, the buffer, its dtype; no receive or dtype: a local message)
-        self.posted: dict[tuple[str, int, int], tuple[Work | None, Any, DType | None]] = {}
+        self.posted: dict[tuple[str, int, int], tuple[Work | None, Any, Any]] = {}
         self.held: dict[tuple[int, int], list[tuple[Any, DType]]] = {}  # (stage, mb) -> pool buffers until W
         self.local: dict[int, Any] = {}  # messages to this rank itself (p == 1)
         self.sends: list[Work] = []
@@ -326,7 +326,7 @@ class _Step:
         if key not in self.posted and not self._post(kind, s, i):
             raise AssertionError(f"{self.who}: {key} could not be posted")  # validate() rules this out
         work, buf, dtype = self.posted.pop(key)
-        if work is not None and dtype is not None:  # a receive (not a local message)
+        if work is not None:  # a receive into a pool buffer (not a local message)
             work.wait()
             self.held.setdefault((s, i), []).append((buf, dtype))
         return buf
