@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := core transport collectives testing nn ddp pipeline launch gpu nccl
 STAMP := $(VENV)/.installed
+# A second NCCL release for tests/nccl/test_versions.py: the oldest the nccl extras allow.
+NCCL_OLDEST := 2.18.3
 
 .PHONY: demo test chaos bench lint clean
 
@@ -12,6 +14,8 @@ $(STAMP): Makefile pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyprojec
 	$(BIN)/python -m pip install -q 'pip>=25.1'
 	$(BIN)/python -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)[test]) \
 		-e packages/transport[test,mpi] -e packages/launch[test,bench] --group dev
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/nccl-versions/$(NCCL_OLDEST) \
+		nvidia-nccl-cu12==$(NCCL_OLDEST)
 	touch $@
 
 demo: $(STAMP)
@@ -21,7 +25,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python tools/check_layers.py
-	FERRODIST_REQUIRE_MPI=1 PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+	FERRODIST_REQUIRE_MPI=1 FERRODIST_REQUIRE_NCCL_VERSIONS=1 PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
 # The long chaos run: 500 random schedules of collectives under random faults (make test runs 24).
 chaos: $(STAMP)

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 
-def header_path() -> Path | None:
-    """nccl.h from the nvidia-nccl wheel, or None."""
-    spec = importlib.util.find_spec("nvidia.nccl")
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(location) / "include" / "nccl.h"
-        if candidate.is_file():
-            return candidate
-    return None
+def header_path(library_path: str) -> Path | None:
+    """The nccl.h shipped beside ``library_path`` (a wheel's ``lib/../include``, or /usr/include)."""
+    beside = Path(library_path).resolve().parent.parent / "include" / "nccl.h"
+    if beside.is_file():
+        return beside
+    system = Path("/usr/include/nccl.h")
+    return system if library_path.startswith("/usr/") and system.is_file() else None
 
 
 def gpu_skip_reason(minimum: int = 1) -> str | None:
@@ -32,10 +30,11 @@ def gpu_skip_reason(minimum: int = 1) -> str | None:
 
 
 @pytest.fixture(scope="session")
-def nccl_header() -> str:
-    path = header_path()
+def nccl_header(library) -> str:
+    """The text of the nccl.h of the loaded library's release."""
+    path = header_path(library.path)
     if path is None:
-        pytest.skip("nccl.h is not installed (pip install nvidia-nccl-cu12)")
+        pytest.skip(f"no nccl.h beside {library.path} (pip install nvidia-nccl-cu12)")
     return path.read_text()
 
 

@@ -1,4 +1,8 @@
-"""The ctypes declarations against the nccl.h the wheel ships: prototypes, enums, ncclConfig_t."""
+"""The ctypes declarations against the nccl.h shipped beside the loaded library, whatever its
+release: prototypes, enums and ``ncclConfig_t`` as that release has them.
+
+``tests/nccl/test_versions.py`` runs this file again against a second NCCL release.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,18 @@ import pytest
 
 from ferrodist.core import ALL_DTYPES
 from ferrodist.nccl import _library
-from ferrodist.nccl._library import CONFIG_FIELDS, PROTOTYPES, ConfigStruct, DataType, RedOp, Result, UniqueIdStruct
+from ferrodist.nccl._library import (
+    ADDED_IN,
+    CONFIG_FIELDS,
+    PROTOTYPES,
+    ConfigStruct,
+    DataType,
+    RedOp,
+    Result,
+    UniqueIdStruct,
+    config_fields,
+    config_size,
+)
 
 #: C type (as written in nccl.h, spaces normalised) -> the ctypes type a binding must use.
 C_TO_CTYPES = {
@@ -91,9 +106,24 @@ def test_the_parser_finds_the_prototypes(nccl_header):
     assert prototypes["ncclGetErrorString"] == ("const char*", ["ncclResult_t"])
 
 
+def header_version(header: str) -> tuple[int, int, int]:
+    """``(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)`` of a header."""
+    parts = (re.search(rf"^#define NCCL_{part}\s+(\d+)", header, re.MULTILINE) for part in ("MAJOR", "MINOR", "PATCH"))
+    major, minor, patch = (int(match.group(1)) for match in parts if match)
+    return major, minor, patch
+
+
+def has(name: str, version: tuple[int, int, int]) -> bool:
+    """Whether release ``version`` has ``name``, by :data:`ADDED_IN`."""
+    return ADDED_IN.get(name, (0, 0, 0)) <= version
+
+
 @pytest.mark.parametrize("name", sorted(PROTOTYPES))
 def test_binding_matches_the_header(nccl_header, name):
     prototypes = parse_prototypes(nccl_header)
+    if not has(name, header_version(nccl_header)):
+        assert name not in prototypes, f"{name} is declared before the release ADDED_IN names"
+        return
     assert name in prototypes, f"{name} is not declared in nccl.h"
     c_restype, c_argtypes = prototypes[name]
     restype, argtypes = PROTOTYPES[name]
@@ -105,6 +135,9 @@ def test_binding_matches_the_header(nccl_header, name):
 
 def test_loaded_functions_carry_the_declared_types(library):
     for name, (restype, argtypes) in PROTOTYPES.items():
+        if not has(name, library.version):
+            assert not library.has(name), name
+            continue
         function = getattr(library, name)
         assert function.restype is restype, name
         assert tuple(function.argtypes) == argtypes, name
@@ -113,13 +146,15 @@ def test_loaded_functions_carry_the_declared_types(library):
 def test_result_enum_matches_the_header(nccl_header):
     parsed = parse_enum(nccl_header, "ncclResult_t")
     parsed.pop("ncclNumResults")
-    assert parsed == {member.name: member.value for member in Result}
+    version = header_version(nccl_header)
+    assert parsed == {member.name: member.value for member in Result if has(member.name, version)}
 
 
 def test_datatype_enum_matches_the_header_and_core(nccl_header):
     parsed = parse_enum(nccl_header, "ncclDataType_t")
     parsed.pop("ncclNumTypes")
-    primary = {member.name: member.value for member in DataType}
+    version = header_version(nccl_header)
+    primary = {member.name: member.value for member in DataType if has(member.name, version)}
     assert {name: value for name, value in parsed.items() if name in primary} == primary
     assert set(parsed.values()) == set(primary.values())  # the rest are aliases (ncclChar, ncclHalf, ...)
     by_core_name = {
@@ -149,11 +184,23 @@ def test_redop_enum_matches_the_header(nccl_header):
 
 def test_config_struct_matches_the_header(nccl_header):
     fields = parse_struct(nccl_header, "ncclConfig_t")
-    assert [name for _, name in fields] == [name for name, _ in CONFIG_FIELDS]
-    for (c_type, name), (_, ctype) in zip(fields, CONFIG_FIELDS, strict=True):
+    version = header_version(nccl_header)
+    assert [name for _, name in fields] == list(config_fields(version)), "CONFIG_FIELDS's releases are off"
+    ctypes_of = {name: ctype for name, ctype, _ in CONFIG_FIELDS}
+    for c_type, name in fields:
         expected = {"const char*": ctypes.c_char_p}.get(c_type, C_TO_CTYPES.get(c_type))
-        assert ctype is expected, (name, c_type)
-    assert [name for name, _ in ConfigStruct._fields_] == [name for _, name in fields]
+        assert ctypes_of[name] is expected, (name, c_type)
+    assert [name for name, _ in ConfigStruct._fields_] == [name for name, _, _ in CONFIG_FIELDS]
+
+
+def test_config_size_is_the_headers_sizeof(nccl_header):
+    fields = parse_struct(nccl_header, "ncclConfig_t")
+    ctypes_of = {name: ctype for name, ctype, _ in CONFIG_FIELDS}
+
+    class AsTheHeaderHasIt(ctypes.Structure):
+        _fields_ = [(name, ctypes_of[name]) for _, name in fields]
+
+    assert config_size(header_version(nccl_header)) == ctypes.sizeof(AsTheHeaderHasIt)
 
 
 def test_config_initializer_matches_the_header(nccl_header):
@@ -161,24 +208,29 @@ def test_config_initializer_matches_the_header(nccl_header):
     assert match
     values = [line.split("/*")[0].strip().rstrip(",") for line in match.group(1).split("\\") if line.strip()]
     values = [v for v in values if v]
-    assert values[:3] == ["sizeof(ncclConfig_t)", "NCCL_API_MAGIC", "NCCL_VERSION_CODE"]
-    config = ConfigStruct.initialized()
-    assert config.size == ctypes.sizeof(ConfigStruct)
-    assert config.magic == _define_hex(nccl_header, "NCCL_API_MAGIC") == 0xCAFEBEEF
-    major, minor, patch = _library.CONFIG_LAYOUT_VERSION
-    assert config.version == _library.version_code(major, minor, patch)
-    assert len(values) == len(CONFIG_FIELDS)
-    for (name, _), value in zip(CONFIG_FIELDS[3:], values[3:], strict=True):
+    assert values[0] == "sizeof(ncclConfig_t)"
+    magic = _define_hex(nccl_header, "NCCL_API_MAGIC") if values[1] == "NCCL_API_MAGIC" else int(values[1], 16)
+    assert magic == _library.API_MAGIC
+    assert values[2] in ("NCCL_VERSION_CODE", "NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)")
+    version = header_version(nccl_header)
+    config = ConfigStruct.initialized(version)
+    assert config.size == config_size(version) <= ctypes.sizeof(ConfigStruct)
+    assert config.magic == _library.API_MAGIC == 0xCAFEBEEF
+    assert config.version == _library.version_code(*version)
+    names = config_fields(version)
+    assert len(values) == len(names)
+    for name, value in zip(names[3:], values[3:], strict=True):
         if value == "NCCL_CONFIG_UNDEF_INT":
             assert getattr(config, name) == -(2**31), name
         else:
             assert value == "NCCL_CONFIG_UNDEF_PTR", name
             assert getattr(config, name) is None, name
+    for name, _, _ in CONFIG_FIELDS[len(names) :]:
+        assert not getattr(config, name), f"{name} is past this release's size and must stay zero"
 
 
-def test_config_layout_version_is_the_headers(nccl_header):
-    code = int(re.search(r"#define NCCL_VERSION_CODE (\d+)", nccl_header).group(1))
-    assert _library.version_code(*_library.CONFIG_LAYOUT_VERSION) == code
+def test_the_header_is_the_loaded_librarys(nccl_header, library):
+    assert header_version(nccl_header) == library.version
 
 
 def _define_hex(header: str, name: str) -> int:

@@ -87,7 +87,7 @@ class NcclCommunicator:
         unique = UniqueIdStruct.from_buffer_copy(uid)
         deadline = time.monotonic() + self._timeout
         if self._lib.has("ncclCommInitRankConfig"):
-            config = self._config.to_struct()
+            config = self._config.to_struct(self._lib.version)
             status = self._lib.ncclCommInitRankConfig(
                 ctypes.byref(handle), self._size, unique, self._rank, ctypes.byref(config)
             )

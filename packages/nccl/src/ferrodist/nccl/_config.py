@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ferrodist.core import InvalidArgument, InvalidRank
 
-from ._library import UNIQUE_ID_BYTES, ConfigStruct
+from ._library import CONFIG_FIELDS, CONFIG_LAYOUT_VERSION, UNIQUE_ID_BYTES, ConfigStruct
 
 __all__ = ["DEFAULT_TIMEOUT", "NcclConfig", "check_timeout", "check_world"]
 
@@ -38,24 +38,38 @@ class NcclConfig:
     comm_name: str | None = None
     split_share: bool | None = None
 
-    def to_struct(self) -> ConfigStruct:
-        """The ``ncclConfig_t`` for these options (``NCCL_CONFIG_INITIALIZER`` plus what is set)."""
-        config = ConfigStruct.initialized()
-        config.blocking = 1 if self.blocking else 0
-        for field, value in (
-            ("cgaClusterSize", self.cga_cluster_size),
-            ("minCTAs", self.min_ctas),
-            ("maxCTAs", self.max_ctas),
-            ("splitShare", None if self.split_share is None else int(self.split_share)),
+    def to_struct(self, version: tuple[int, int, int] = CONFIG_LAYOUT_VERSION) -> ConfigStruct:
+        """The ``ncclConfig_t`` of NCCL release ``version`` (the loaded library's) for these options.
+
+        Raises:
+            InvalidArgument: an option is malformed, or the release has no such field (the
+                message names the release that added it).
+        """
+        config = ConfigStruct.initialized(version)
+        since = {name: added for name, _, added in CONFIG_FIELDS}
+        for field, option in (
+            ("blocking", "blocking"),
+            ("cgaClusterSize", "cga_cluster_size"),
+            ("minCTAs", "min_ctas"),
+            ("maxCTAs", "max_ctas"),
+            ("netName", "net_name"),
+            ("commName", "comm_name"),
+            ("splitShare", "split_share"),
         ):
-            if value is not None:
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise InvalidArgument(f"NcclConfig: {field} must be a non-negative integer, not {value!r}")
-                setattr(config, field, value)
-        if self.net_name is not None:
-            config.netName = self.net_name.encode()
-        if self.comm_name is not None:
-            config.commName = self.comm_name.encode()
+            value = getattr(self, option)
+            if value is None:
+                continue
+            if option in ("cga_cluster_size", "min_ctas", "max_ctas") and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise InvalidArgument(f"NcclConfig: {option} ({field}) must be a non-negative integer, not {value!r}")
+            if since[field] > tuple(version):
+                raise InvalidArgument(
+                    f"NcclConfig: {option} needs NCCL >= {since[field][0]}.{since[field][1]} "
+                    f"(ncclConfig_t.{field}); the loaded NCCL is {'.'.join(map(str, version))}: "
+                    "install a newer nvidia-nccl wheel or leave it unset"
+                )
+            setattr(config, field, value.encode() if isinstance(value, str) else int(value))
         return config
 
 

@@ -1,7 +1,9 @@
 """Finding and loading ``libnccl.so.2``, and the ctypes declarations of the NCCL C API we call.
 
-Everything here is transcribed from ``nccl.h`` (NCCL 2.32.3, the ``nvidia-nccl-cu12`` wheel);
-``tests/nccl/test_header.py`` parses the shipped header and checks each declaration against it.
+Everything here is transcribed from ``nccl.h`` of NCCL 2.18 to 2.32, with the release that added
+each newer piece (:data:`ADDED_IN`, :data:`CONFIG_FIELDS`), so one set of bindings serves every
+release the extras allow. ``tests/nccl/test_header.py`` parses the header shipped beside the
+loaded library, whatever its version, and checks each declaration against it.
 Nothing is loaded at import: :func:`load_library` opens the library on first use.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 from ferrodist.core import BackendUnavailable
 
 __all__ = [
+    "ADDED_IN",
     "API_MAGIC",
     "CONFIG_FIELDS",
     "CONFIG_LAYOUT_VERSION",
@@ -34,6 +37,8 @@ __all__ = [
     "RedOp",
     "Result",
     "UniqueIdStruct",
+    "config_fields",
+    "config_size",
     "find_library_path",
     "get_unique_id",
     "is_available",
@@ -47,7 +52,7 @@ ENV_VAR = "FERRODIST_NCCL_LIB"
 UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
 API_MAGIC = 0xCAFEBEEF  # NCCL_API_MAGIC
 CONFIG_UNDEF_INT = -(2**31)  # NCCL_CONFIG_UNDEF_INT (INT_MIN)
-#: The NCCL release whose ``ncclConfig_t`` layout :class:`ConfigStruct` transcribes.
+#: The newest NCCL release whose ``ncclConfig_t`` layout :class:`ConfigStruct` transcribes.
 CONFIG_LAYOUT_VERSION = (2, 32, 3)
 
 _INSTALL_HINT = (
@@ -110,51 +115,70 @@ class UniqueIdStruct(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
 
 
-#: ``ncclConfig_t`` (``struct ncclConfig_v23100``), field by field, in the header's order.
-CONFIG_FIELDS: tuple[tuple[str, Any], ...] = (
-    ("size", ctypes.c_size_t),
-    ("magic", ctypes.c_uint),
-    ("version", ctypes.c_uint),
-    ("blocking", ctypes.c_int),
-    ("cgaClusterSize", ctypes.c_int),
-    ("minCTAs", ctypes.c_int),
-    ("maxCTAs", ctypes.c_int),
-    ("netName", ctypes.c_char_p),
-    ("splitShare", ctypes.c_int),
-    ("trafficClass", ctypes.c_int),
-    ("commName", ctypes.c_char_p),
-    ("collnetEnable", ctypes.c_int),
-    ("CTAPolicy", ctypes.c_int),
-    ("shrinkShare", ctypes.c_int),
-    ("nvlsCTAs", ctypes.c_int),
-    ("nChannelsPerNetPeer", ctypes.c_int),
-    ("nvlinkCentricSched", ctypes.c_int),
-    ("graphUsageMode", ctypes.c_int),
-    ("numRmaCtx", ctypes.c_int),
-    ("maxP2pPeers", ctypes.c_int),
-    ("graphStreamOrdering", ctypes.c_int),
-    ("launchOrderImplicit", ctypes.c_int),
-    ("numRmaSig", ctypes.c_int),
-    ("rmaEagerInit", ctypes.c_int),
-    ("hostCftMode", ctypes.c_int),
-    ("nvlsHostMode", ctypes.c_int),
+#: ``ncclConfig_t`` field by field in the header's order, with the release that added each.
+#: NCCL only ever appends fields, so an older release's struct is a prefix of this one; its
+#: ``size`` member tells the library how much of it the caller filled in.
+CONFIG_FIELDS: tuple[tuple[str, Any, tuple[int, int, int]], ...] = (
+    ("size", ctypes.c_size_t, (2, 14, 0)),
+    ("magic", ctypes.c_uint, (2, 14, 0)),
+    ("version", ctypes.c_uint, (2, 14, 0)),
+    ("blocking", ctypes.c_int, (2, 14, 0)),
+    ("cgaClusterSize", ctypes.c_int, (2, 17, 0)),
+    ("minCTAs", ctypes.c_int, (2, 17, 0)),
+    ("maxCTAs", ctypes.c_int, (2, 17, 0)),
+    ("netName", ctypes.c_char_p, (2, 17, 0)),
+    ("splitShare", ctypes.c_int, (2, 18, 0)),
+    ("trafficClass", ctypes.c_int, (2, 26, 0)),
+    ("commName", ctypes.c_char_p, (2, 27, 0)),
+    ("collnetEnable", ctypes.c_int, (2, 27, 0)),
+    ("CTAPolicy", ctypes.c_int, (2, 27, 0)),
+    ("shrinkShare", ctypes.c_int, (2, 27, 0)),
+    ("nvlsCTAs", ctypes.c_int, (2, 27, 0)),
+    ("nChannelsPerNetPeer", ctypes.c_int, (2, 28, 0)),
+    ("nvlinkCentricSched", ctypes.c_int, (2, 28, 0)),
+    ("graphUsageMode", ctypes.c_int, (2, 29, 0)),
+    ("numRmaCtx", ctypes.c_int, (2, 29, 0)),
+    ("maxP2pPeers", ctypes.c_int, (2, 30, 0)),
+    ("graphStreamOrdering", ctypes.c_int, (2, 30, 5)),
+    ("launchOrderImplicit", ctypes.c_int, (2, 31, 0)),
+    ("numRmaSig", ctypes.c_int, (2, 31, 0)),
+    ("rmaEagerInit", ctypes.c_int, (2, 31, 0)),
+    ("hostCftMode", ctypes.c_int, (2, 31, 0)),
+    ("nvlsHostMode", ctypes.c_int, (2, 32, 0)),
 )
 
 
-class ConfigStruct(ctypes.Structure):
-    """``ncclConfig_t``. Build it with :meth:`initialized`, the ``NCCL_CONFIG_INITIALIZER``."""
+def config_fields(version: tuple[int, int, int]) -> tuple[str, ...]:
+    """The ``ncclConfig_t`` fields the release ``version`` has, in order."""
+    return tuple(name for name, _, since in CONFIG_FIELDS if since <= tuple(version))
 
-    _fields_ = list(CONFIG_FIELDS)
+
+def config_size(version: tuple[int, int, int]) -> int:
+    """``sizeof(ncclConfig_t)`` in the release ``version``: its fields plus C's tail padding."""
+    last = config_fields(version)[-1]
+    end = getattr(ConfigStruct, last).offset + getattr(ConfigStruct, last).size
+    align = ctypes.alignment(ConfigStruct)
+    return -(-end // align) * align
+
+
+class ConfigStruct(ctypes.Structure):
+    """``ncclConfig_t`` in the newest layout. Build it with :meth:`initialized`.
+
+    A struct built for an older release sets ``size`` and ``version`` to that release's, so
+    the library reads only the fields it knows; the tail stays zero and unread.
+    """
+
+    _fields_ = [(name, ctype) for name, ctype, _ in CONFIG_FIELDS]
 
     @classmethod
-    def initialized(cls) -> ConfigStruct:
-        """Every user field unset (``NCCL_CONFIG_UNDEF_INT`` / ``NULL``), as the C initializer does."""
+    def initialized(cls, version: tuple[int, int, int] = CONFIG_LAYOUT_VERSION) -> ConfigStruct:
+        """``NCCL_CONFIG_INITIALIZER`` of release ``version``: every field it has unset."""
         config = cls()
-        config.size = ctypes.sizeof(cls)
+        config.size = config_size(version)
         config.magic = API_MAGIC
-        config.version = version_code(*CONFIG_LAYOUT_VERSION)
-        for name, ctype in CONFIG_FIELDS[3:]:
-            if ctype is ctypes.c_int:
+        config.version = version_code(*version)
+        for name, ctype, since in CONFIG_FIELDS[3:]:
+            if ctype is ctypes.c_int and since <= tuple(version):
                 setattr(config, name, CONFIG_UNDEF_INT)
         return config
 
@@ -192,8 +216,18 @@ PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "ncclGroupEnd": (_RESULT, ()),
 }
 
+#: The release that added each function and enum member newer than NCCL 2.12.
+ADDED_IN: dict[str, tuple[int, int, int]] = {
+    "ncclGetLastError": (2, 13, 0),
+    "ncclCommInitRankConfig": (2, 14, 0),
+    "ncclCommFinalize": (2, 14, 0),
+    "ncclFloat8e4m3": (2, 24, 0),
+    "ncclFloat8e5m2": (2, 24, 0),
+    "ncclTimeout": (2, 30, 0),
+}
+
 #: Functions that older releases lack; the rest must exist.
-OPTIONAL = frozenset({"ncclCommFinalize", "ncclGetLastError", "ncclCommInitRankConfig"})
+OPTIONAL = frozenset(name for name in ADDED_IN if name in PROTOTYPES)
 
 
 class NcclLibrary:
@@ -233,7 +267,12 @@ class NcclLibrary:
         if name in functions:
             return functions[name]
         if name in PROTOTYPES:
-            raise BackendUnavailable(f"the NCCL library {self.path!r} lacks {name}(); {_INSTALL_HINT}")
+            since = ADDED_IN.get(name)
+            added = f" (added in NCCL {'.'.join(map(str, since))})" if since else ""
+            raise BackendUnavailable(
+                f"the NCCL library {self.path!r} (NCCL {'.'.join(map(str, self.version))}) lacks {name}(){added}; "
+                f"{_INSTALL_HINT}"
+            )
         raise AttributeError(name)
 
     @property
