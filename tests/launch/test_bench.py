@@ -67,14 +67,28 @@ def test_a_small_sweep_against_the_references(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(out.read_text())
     libraries = {r["library"] for r in data["records"]}
-    expected = {"ferrodist:shm", "ferrodist:tcp"} | {lib for lib in ("gloo", "mpi4py") if available(lib) is None}
+    expected = {"ferrodist:shm", "ferrodist:tcp", "floor"}
+    expected |= {lib for lib in ("gloo", "mpi4py") if available(lib) is None}
     assert libraries == expected
     assert {r["op"] for r in data["records"]} == {"all_reduce", "broadcast"}
     assert all(r["seconds"] > 0 and r["busbw_gbps"] > 0 for r in data["records"])
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "### all_reduce (2 ranks, float32)" in done.stdout
-    for lib in expected - {"ferrodist:shm"}:
+    for lib in expected - {"ferrodist:shm", "floor"}:
         assert f"{lib} / ferrodist:shm" in done.stdout
+    assert "ferrodist:shm / floor" in done.stdout and "floor / ferrodist:shm" not in done.stdout
+
+
+def test_the_floor_column_divides_the_baseline_by_the_floor():
+    records = [
+        {"library": name, "op": "all_reduce", "bytes": 1 << 26, "seconds": seconds, "ranks": 2, "dtype": "float32"}
+        for name, seconds in (("ferrodist:shm", 0.026), ("mpi4py", 0.052), ("floor", 0.020))
+    ]
+    text = table(records, baseline="ferrodist:shm")
+    assert "| mpi4py / ferrodist:shm | ferrodist:shm / floor |" in text
+    assert text.splitlines()[-1] == "| 64 MiB | 26.00 ms | 52.00 ms | 20.00 ms | 2.58 | 1.29 | 2.00x | 1.30x |"
+    assert "floor / ferrodist:shm" not in text
+    assert table(records, baseline="floor").count("ferrodist:shm / floor") == 1  # the floor is never a baseline
 
 
 def test_passes_alternate_the_library_order_and_keep_each_fastest_median(monkeypatch):

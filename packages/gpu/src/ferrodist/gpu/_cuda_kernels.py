@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ferrodist.core import DType, InvalidArgument, ReduceOp, check_op, dtype
+from ferrodist.core.kernels import BAND, BF16, BOR, BXOR, F16, MAX, MIN, PRODUCT, SUM, plan
 
 if TYPE_CHECKING:
     from numba import cuda  # at run time kernels get it through _kernel, never at import
@@ -50,11 +51,8 @@ MAX_BLOCKS = 1024
 #: table fit in the 4 KiB of kernel parameters that every CUDA version and GPU accepts.
 MAX_ARRAYS_PER_LAUNCH = 64
 
-# Opcodes: the values of ReduceOp, plus one for scale's division.
-_SUM, _PRODUCT, _MIN, _MAX = (ReduceOp.SUM.value, ReduceOp.PRODUCT.value, ReduceOp.MIN.value, ReduceOp.MAX.value)
-_BAND, _BOR, _BXOR = ReduceOp.BAND.value, ReduceOp.BOR.value, ReduceOp.BXOR.value
+# Opcodes: core's (ferrodist.core.kernels), plus one for scale's division.
 _DIVIDE = 100
-_BOOL_OPCODE = {_SUM: _BOR, _MAX: _BOR, _PRODUCT: _BAND, _MIN: _BAND}
 _HALVES = ("float16", "bfloat16")
 _CASTS = (("float32", "bfloat16"), ("bfloat16", "float32"), ("float32", "float16"), ("float16", "float32"))
 
@@ -191,14 +189,14 @@ def _combine(opcode: int) -> Any:
         return a ^ b
 
     table = {
-        _SUM: add,
-        _PRODUCT: multiply,
+        SUM: add,
+        PRODUCT: multiply,
         _DIVIDE: divide,
-        _MIN: minimum,
-        _MAX: maximum,
-        _BAND: bit_and,
-        _BOR: bit_or,
-        _BXOR: bit_xor,
+        MIN: minimum,
+        MAX: maximum,
+        BAND: bit_and,
+        BOR: bit_or,
+        BXOR: bit_xor,
     }
     return cuda.jit(device=True)(table[opcode])
 
@@ -381,10 +379,8 @@ def reduce_into(
     out = _storage(dst, dt, "the destination", operation)
     inp = _storage(src, dt, "the source", operation)
     _same_size(out, inp, operation)
-    opcode = ReduceOp.SUM.value if op is ReduceOp.AVG else op.value
-    if dt.name == "bool":
-        opcode = _BOOL_OPCODE.get(opcode, opcode)
-    kernel = _reduce_kernel(dt.name if dt.name in _HALVES else "plain", opcode)
+    kind, _, opcode = plan(dt, op)  # core's one table: AVG folds as SUM, bool's ops as OR/AND
+    kernel = _reduce_kernel({BF16: "bfloat16", F16: "float16"}.get(kind, "plain"), opcode)
     _launch(kernel, out.size, stream, threads, max_blocks, out, inp)
 
 
@@ -433,7 +429,7 @@ def scale(
     if divide and factor == 0.0:
         raise InvalidArgument(f"{operation}: dividing by zero; pass the number of ranks (>= 1) for AVG")
     out = _storage(dst, dt, "the destination", operation)
-    kernel = _scale_kernel(dt.name, _DIVIDE if divide else _PRODUCT)
+    kernel = _scale_kernel(dt.name, _DIVIDE if divide else PRODUCT)
     _launch(kernel, out.size, stream, threads, max_blocks, out, factor)
 
 

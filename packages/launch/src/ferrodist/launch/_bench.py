@@ -4,7 +4,8 @@ For each library (ferrodist's backends, and with ``compare`` torch.distributed's
 mpi4py on Open MPI, all in the same invocation), each collective and each size, a job of
 N ranks measures the median time of one call; the report gives the time, the algorithm
 bandwidth (bytes / time) and the bus bandwidth (nccl-tests' formula per collective), and
-the ratio of each reference's time to ferrodist's.
+the ratio of each reference's time to ferrodist's, and ferrodist's time over the memory
+floor (every rank at once reading and writing what the collective must, with numpy).
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from typing import Any
 
 from ._run import run
 
-__all__ = ["BenchSpec", "busbw", "startup", "sweep"]
+__all__ = ["FLOOR", "BenchSpec", "busbw", "startup", "sweep"]
 
 FERRODIST = ("ferrodist:shm", "ferrodist:tcp", "ferrodist:mpi")
 REFERENCES = ("gloo", "mpi4py")
+#: Not a library: every rank streams the bytes the collective must read and write (numpy).
+FLOOR = "floor"
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 
 

@@ -1,7 +1,8 @@
 """One rank of a benchmark job: ``python -m ferrodist.launch._bench_worker LIBRARY OUT SPEC``.
 
-LIBRARY is ``ferrodist:<backend>`` (shm, tcp, mpi), ``gloo`` (torch.distributed) or
-``mpi4py``. SPEC is JSON: ops, sizes (bytes), dtype, rounds, target seconds per round.
+LIBRARY is ``ferrodist:<backend>`` (shm, tcp, mpi), ``gloo`` (torch.distributed),
+``mpi4py``, or ``floor``: every rank at once streams, with numpy over private memory, the
+bytes the collective must read and write on each rank (a bound no library can beat). SPEC is JSON: ops, sizes (bytes), dtype, rounds, target seconds per round.
 Every rank runs the same sweep; rank 0 writes one JSON line per measurement to OUT and
 prints ``progress <op> <bytes>`` lines for the driver's progress bar.
 
@@ -61,6 +62,26 @@ class Ferrodist(_Library):
 
     def close(self) -> None:
         self._dist.destroy_process_group()
+
+
+class Floor(Ferrodist):
+    """The memory floor: each rank reads and writes what the collective must on it, all
+    ranks at once (ferrodist over TCP only for the barriers). all_reduce: read the tensor
+    and a peer's worth, write the tensor (``x += y``); broadcast and all_gather: read and
+    write the output once; reduce_scatter: read the input, write the rank's block."""
+
+    def __init__(self) -> None:
+        super().__init__("tcp")
+
+    def op(self, name: str, count: int, dtype: str) -> Callable[[], None]:
+        n = self.size
+        x, y = _array(count, dtype), _array(count, dtype)
+        if name == "all_reduce":
+            return lambda: np.add(x, y, out=x)
+        if name in ("broadcast", "all_gather"):
+            return lambda: np.copyto(x, y)
+        blocks, out = x.reshape(n, count // n), _array(count // n, dtype)
+        return lambda: np.add.reduce(blocks, axis=0, out=out)
 
 
 class Gloo(_Library):
@@ -130,6 +151,8 @@ def _array(count: int, dtype: str) -> np.ndarray[Any, Any]:
 def _library(name: str) -> _Library:
     if name.startswith("ferrodist:"):
         return Ferrodist(name.split(":", 1)[1])
+    if name == "floor":
+        return Floor()
     if name == "gloo":
         return Gloo()
     if name == "mpi4py":

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ._bench import OPS, REFERENCES, BenchSpec, machine, startup, sweep
+from ._bench import FLOOR, OPS, REFERENCES, BenchSpec, machine, startup, sweep
 from ._report import plot, table, write_json
 from ._run import DEFAULT_GRACE, run
 
@@ -38,13 +38,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Time each collective for sizes from --min-bytes to --max-bytes (x4 steps) on each "
         "backend; print time, busbw and, with --compare, the ratio of Gloo's and mpi4py's times to ferrodist's.",
     )
-    bench.add_argument("-n", "--nprocs", type=int, default=2)
+    bench.add_argument("-n", "--nprocs", type=int, default=2, help="ranks per job (default 2)")
     bench.add_argument("--backends", default="shm,tcp", help="ferrodist backends (shm, tcp, mpi)")
-    bench.add_argument("--ops", default=",".join(OPS))
-    bench.add_argument("--min-bytes", type=int, default=4 << 10)
-    bench.add_argument("--max-bytes", type=int, default=256 << 20)
-    bench.add_argument("--dtype", default="float32")
-    bench.add_argument("--rounds", type=int, default=5)
+    bench.add_argument("--ops", default=",".join(OPS), help=f"collectives to time (default {','.join(OPS)})")
+    bench.add_argument("--min-bytes", type=int, default=4 << 10, help="smallest tensor in bytes (default 4096)")
+    bench.add_argument("--max-bytes", type=int, default=256 << 20, help="largest tensor in bytes (default 256 MiB)")
+    bench.add_argument("--dtype", default="float32", help="element type (default float32)")
+    bench.add_argument(
+        "--rounds", type=int, default=5, help="timed rounds per size; the median round is reported (default 5)"
+    )
     bench.add_argument(
         "--passes",
         type=int,
@@ -52,10 +54,16 @@ def _parser() -> argparse.ArgumentParser:
         help="run every library this many times, alternating their order, and keep each one's fastest median",
     )
     bench.add_argument("--compare", action="store_true", help="also run torch.distributed (Gloo) and mpi4py")
+    bench.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the memory floor (every rank at once streaming, with numpy, the bytes the collective "
+        "must read and write; the table divides the first backend's time by it)",
+    )
     bench.add_argument("--startup", action="store_true", help="also time launch + init + one all_reduce")
     bench.add_argument("--json", default="ferrodist-bench.json", help="where to write the measurements")
     bench.add_argument("--plot", default="ferrodist-bench.png", help="where to draw busbw against size")
-    bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
@@ -68,6 +76,8 @@ def _bench(args: argparse.Namespace) -> int:
     libraries = [f"ferrodist:{b.strip()}" for b in args.backends.split(",") if b.strip()]
     if args.compare:
         libraries += list(REFERENCES)
+    if not args.no_floor:
+        libraries.append(FLOOR)
     spec = BenchSpec(
         nprocs=args.nprocs,
         libraries=libraries,

@@ -24,11 +24,33 @@ as the reduction kernels (so this loop serves every dtype but float16/bfloat16).
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
+import numba
 import numpy as np
 from numba import types
 from numba.extending import overload
 
-from ferrodist.core.kernels import BF16, F16, SUM, combine, copy_into, jit, load, store, store_release
+from ferrodist.core.kernels import (
+    BAND,
+    BF16,
+    BOR,
+    BXOR,
+    F16,
+    MAX,
+    MIN,
+    PLAIN,
+    PRODUCT,
+    SUM,
+    combine,
+    copy_into,
+    fold_kernel,
+    jit,
+    load,
+    store,
+    store_release,
+)
 
 from ._arena import CALL, CALL_NUMBER, COPIED, COUNTERS, GATHERED, LINE, REDUCED
 from ._spin import first_different, publish, spin_until
@@ -66,26 +88,75 @@ _WORDS = LINE // 8
 _STRIDE = COUNTERS * _WORDS  # words between two ranks' copies of one counter
 
 
-@jit(inline="always")
 def _fold(out, a, b, op, divisor):  # type: ignore[no-untyped-def]
-    """``out = (a op b) / divisor``; ``out`` overlaps neither source."""
-    if divisor == 1.0:
-        for i in range(out.shape[0]):
-            out[i] = combine(a[i], b[i], op)
-    else:
-        for i in range(out.shape[0]):
-            out[i] = combine(a[i], b[i], op) / divisor
+    """``out = (a op b) / divisor`` (no division when ``divisor`` is 1); ``out`` overlaps
+    neither source. Typed by the overload below."""
 
 
-@jit(inline="always")
 def _fold_in(out, b, op, divisor):  # type: ignore[no-untyped-def]
-    """``out = (out op b) / divisor``."""
-    if divisor == 1.0:
-        for i in range(out.shape[0]):
-            out[i] = combine(out[i], b[i], op)
-    else:
-        for i in range(out.shape[0]):
-            out[i] = combine(out[i], b[i], op) / divisor
+    """``out = (out op b) / divisor`` (no division when ``divisor`` is 1)."""
+
+
+def _pair_kernels(floating: bool, position: int) -> tuple[Any, ...]:
+    """core's two-source kernels, one per (op, division), for ``dst`` at ``position``."""
+    ops = (SUM, PRODUCT, MIN, MAX) if floating else (SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR)
+    return (fold_kernel(PLAIN, SUM, floating, position), *(fold_kernel(PLAIN, op, False, position) for op in ops))
+
+
+@functools.cache
+def _pair_dispatch(floating: bool, position: int) -> Any:
+    """The implementation of :func:`_fold` / :func:`_fold_in`: the run-time op picks one of
+    core's compiled two-source kernels (a call, not an inlined loop: each kernel is compiled
+    once per dtype and shared with ``ferrodist.core``'s reductions, and its loop has the op
+    as a constant, so it vectorises)."""
+    avg, add, mul, low, high, *bits = _pair_kernels(floating, position)
+    if floating:
+
+        def fold(out, srcs, op, divisor):  # type: ignore[no-untyped-def]
+            if op == SUM:
+                if divisor != 1.0:
+                    avg(out, srcs, divisor)
+                else:
+                    add(out, srcs, divisor)
+            elif op == PRODUCT:
+                mul(out, srcs, divisor)
+            elif op == MIN:
+                low(out, srcs, divisor)
+            else:
+                high(out, srcs, divisor)
+
+        return numba.njit(inline="always")(fold)
+    band, bor, bxor = bits
+
+    def fold_bits(out, srcs, op, divisor):  # type: ignore[no-untyped-def]
+        if op == SUM:
+            add(out, srcs, divisor)
+        elif op == PRODUCT:
+            mul(out, srcs, divisor)
+        elif op == MIN:
+            low(out, srcs, divisor)
+        elif op == MAX:
+            high(out, srcs, divisor)
+        elif op == BAND:
+            band(out, srcs, divisor)
+        elif op == BOR:
+            bor(out, srcs, divisor)
+        else:
+            bxor(out, srcs, divisor)
+
+    return numba.njit(inline="always")(fold_bits)
+
+
+@overload(_fold)
+def _fold_typed(out, a, b, op, divisor):  # type: ignore[no-untyped-def]
+    fold = _pair_dispatch(isinstance(out.dtype, types.Float), -1)
+    return lambda out, a, b, op, divisor: fold(out, (a, b), op, divisor)
+
+
+@overload(_fold_in)
+def _fold_in_typed(out, b, op, divisor):  # type: ignore[no-untyped-def]
+    fold = _pair_dispatch(isinstance(out.dtype, types.Float), 0)
+    return lambda out, b, op, divisor: fold(out, (out, b), op, divisor)
 
 
 @jit(inline="always")
