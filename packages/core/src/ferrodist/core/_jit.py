@@ -7,14 +7,16 @@ rank's thread never blocks another rank's thread).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numba
 from llvmlite import ir
 from numba import types
+from numba.core import caching, sigutils
 from numba.extending import intrinsic
 
 if os.environ.get("FERRODIST_GC_FREEZE", "1") != "0":
@@ -28,12 +30,75 @@ __all__ = ["bits_from_f32", "copy_into", "f32_from_bits", "jit", "load_acquire",
 
 
 def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
-    """``numba.njit`` with ferrodist's defaults (``cache=True, nogil=True``)."""
+    """``numba.njit`` with ferrodist's defaults (``cache=True, nogil=True``), its on-disk
+    cache made safe for processes that compile at the same time (see :class:`SafeCache`)."""
     options.setdefault("cache", True)
     options.setdefault("nogil", True)
     if fn is None:
-        return lambda f: numba.njit(**options)(f)
-    return numba.njit(**options)(fn)
+        return lambda f: jit(f, **options)
+    dispatcher = numba.njit(**options)(fn)
+    if options["cache"]:
+        dispatcher._cache = SafeCache(dispatcher.py_func)
+    return dispatcher
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """An exclusive lock shared by every process, on ``path + ".lock"`` (none if the
+    directory does not exist or cannot be written: then there is no cache to race on)."""
+    import fcntl
+
+    try:
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+class LockedCacheFile(caching.IndexDataCacheFile):
+    """Numba's per-function cache file (an index of signature -> data file, and the data
+    files), read and written under a lock shared by processes.
+
+    Numba saves an entry by reading the index, picking the first free data file number,
+    writing the index and then the data, with nothing held in between: two processes that
+    compile two signatures of one function at once (ranks starting together on an empty
+    cache) can both pick number 1, and the index can end up naming a file that holds the
+    other signature's code. A later process then runs that code on its arguments: seen here
+    as ``TypeError: can't unbox array`` when the shapes differ, and it would be silent wrong
+    results when only the dtype differs. Holding the lock across each save and load makes
+    every entry consistent.
+    """
+
+    def save(self, key: Any, data: Any) -> None:
+        with _locked(self._index_path):
+            super().save(key, data)
+
+    def load(self, key: Any) -> Any:
+        with _locked(self._index_path):
+            return super().load(key)
+
+
+class SafeCache(caching.FunctionCache):
+    """Numba's function cache over a :class:`LockedCacheFile`, which also refuses a loaded
+    entry compiled for other argument types than asked (a cache written by an unlocked
+    process may hold one): the function is then compiled afresh, as on a miss."""
+
+    def __init__(self, py_func: Callable[..., Any]) -> None:
+        super().__init__(py_func)
+        self._cache_file.__class__ = LockedCacheFile
+
+    def _load_overload(self, sig: Any, target_context: Any) -> Any:
+        loaded = super()._load_overload(sig, target_context)
+        if loaded is not None:
+            args, _ = sigutils.normalize_signature(sig)
+            if tuple(loaded.signature.args) != tuple(args):
+                return None
+        return loaded
 
 
 @intrinsic

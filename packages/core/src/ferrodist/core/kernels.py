@@ -1,7 +1,8 @@
 """Building blocks for compiled loops over ferrodist's dtypes, for ferrodist's own packages
 (the shared-memory pipelines of ``ferrodist.transport``) and for your own Numba code.
 
-- :func:`jit`: ``numba.njit`` with ``cache=True, nogil=True``.
+- :func:`jit`: ``numba.njit`` with ``cache=True, nogil=True``, its disk cache locked so that
+  processes compiling at once cannot mix up entries.
 - :func:`combine`, :func:`load`, :func:`store`, :func:`finish`: use inside a jitted function;
   with the op and the element kind as compile-time constants (module globals or closure
   integers) each compiles to the one operation it names.
