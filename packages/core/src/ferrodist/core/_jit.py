@@ -45,9 +45,13 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
 @contextlib.contextmanager
 def _locked(path: str) -> Iterator[None]:
     """An exclusive lock shared by every process, on ``path + ".lock"`` (none if the
-    directory does not exist or cannot be written: then there is no cache to race on)."""
-    import fcntl
-
+    directory does not exist or cannot be written: then there is no cache to race on; none
+    on Windows, which has no ``fcntl``)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
     try:
         fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o666)
     except OSError:
