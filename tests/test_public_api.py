@@ -93,7 +93,9 @@ PUBLIC_API: dict[str, set[str]] = {
         "StoreServer",
         "TcpTransport",
         "Transport",
+        "interface_address",
         "launch_info",
+        "local_address",
     },
     "ferrodist.collectives": {
         "ALL_REDUCE_ALGORITHMS",

@@ -4,6 +4,7 @@ from ._aborts import Notice
 from ._env import LaunchInfo, launch_info
 from ._faults import Faults
 from ._mpi import MpiCollectives, MpiTransport
+from ._net import interface_address, local_address
 from ._protocol import DEFAULT_TIMEOUT, NativeCollectives, Request, Store, Transport
 from ._shm import ShmCollectives, ShmTransport
 from ._simulated import SimulatedTransport
@@ -27,5 +28,7 @@ __all__ = [
     "StoreServer",
     "TcpTransport",
     "Transport",
+    "interface_address",
     "launch_info",
+    "local_address",
 ]
