@@ -79,6 +79,7 @@ PUBLIC_API: dict[str, set[str]] = {
     "ferrodist.transport": {
         "DEFAULT_TIMEOUT",
         "Faults",
+        "KeyValue",
         "LaunchInfo",
         "MpiCollectives",
         "MpiTransport",

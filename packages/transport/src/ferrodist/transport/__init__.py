@@ -8,12 +8,13 @@ from ._net import interface_address, local_address
 from ._protocol import DEFAULT_TIMEOUT, NativeCollectives, Request, Store, Transport
 from ._shm import ShmCollectives, ShmTransport
 from ._simulated import SimulatedTransport
-from ._store import StoreClient, StoreServer
+from ._store import KeyValue, StoreClient, StoreServer
 from ._tcp import TcpTransport
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "Faults",
+    "KeyValue",
     "LaunchInfo",
     "MpiCollectives",
     "MpiTransport",

@@ -2,7 +2,10 @@
 
 1. Rank 0 hosts the store on the master port; every rank connects to it (``open_store``),
    but never to a store this process has already joined as this rank: that one belongs
-   to a process group it left, and rank 0 is about to replace it.
+   to a process group it left, and rank 0 is about to replace it. A job that already
+   has a key-value store (torch's, under torchrun) starts through it instead
+   (``open_store_through``): rank 0 hosts the store on a port the OS picks and publishes
+   where it is there, so no port has to be agreed on and none can clash.
 2. Each rank registers (``Rendezvous.join``): ``ferrodist/join/<rank>`` counts the
    processes that claim the rank and ``ferrodist/join/<rank>/<n>`` says who each is (world
    size, pid, host). A second process with the same rank, or a world size other than
@@ -23,11 +26,12 @@ from __future__ import annotations
 
 import collections
 import os
+import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from typing import NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 from ferrodist.core import (
     AuthenticationFailed,
@@ -43,9 +47,9 @@ from ferrodist.core import (
 from ._auth import accept_handshake, connect_handshake
 from ._frames import HEADER, HELLO, decode_header, encode_header
 from ._net import HANDSHAKE_LIMIT, PortInUse, connect_with_retry, listen, local_address, readable, recv_exact, tune
-from ._store import StoreClient, StoreServer
+from ._store import KeyValue, StoreClient, StoreServer
 
-__all__ = ["POLL", "Rendezvous", "mesh", "open_store", "report_bad_start"]
+__all__ = ["POLL", "STORE_KEY", "Rendezvous", "mesh", "open_store", "open_store_through", "report_bad_start"]
 
 #: The longest a rendezvous wait goes without looking for an abort (seconds).
 POLL = 0.5
@@ -53,6 +57,8 @@ _JOIN = "ferrodist/join"
 _ABORT = "ferrodist/abort"
 _ABORTS = "ferrodist/aborts"
 _SEEN = "ferrodist/abort-seen"
+#: The key of an outside key-value store under which rank 0 publishes where its store is.
+STORE_KEY = "ferrodist/store"
 #: Error classes an abort may carry (anything else arrives as ``FerrodistError``).
 _KINDS: dict[str, type[FerrodistError]] = {
     cls.__name__: cls for cls in (InvalidArgument, InvalidRank, BackendUnavailable, ProtocolError, AuthenticationFailed)
@@ -115,6 +121,113 @@ def open_store(
             server.close()
         raise
     return client, server
+
+
+def open_store_through(
+    kv: KeyValue, rank: int, host: str, token: bytes, deadline: float, what: str
+) -> tuple[StoreClient, StoreServer | None, bytes]:
+    """Start through a key-value store the job already has (``kv``): rank 0 hosts the store
+    on ``host`` and a port the OS picks, and publishes ``"host:port store-id token"`` under
+    ``STORE_KEY``; every other rank reads that and connects. Returns the client, the server
+    on rank 0, and the job token: ``token`` when it is not empty, else one rank 0 made for
+    this job (and published with the address: whoever can read ``kv`` can join the job).
+
+    A record left in ``kv`` by an earlier group (one this process joined, or whose store
+    has gone) is read again until rank 0 replaces it, within ``deadline``.
+
+    Raises:
+        CollectiveTimeout: rank 0 published nothing in time, or its store did not answer.
+        BackendUnavailable: ``kv`` failed (its error is in the message).
+        AuthenticationFailed: this rank's ``FERRODIST_TOKEN`` is not rank 0's.
+    """
+    if rank == 0:
+        secret = token or secrets.token_hex(16).encode()
+        server = StoreServer("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0, token=secret)
+        try:
+            made = secret.decode() if not token else "-"
+            _kv_call(kv.set, (STORE_KEY, f"{host}:{server.port} {server.store_id} {made}".encode()), deadline, what)
+            client = StoreClient(
+                host, server.port, timeout=max(0.05, deadline - time.monotonic()), token=secret, rank=0
+            )
+        except BaseException:
+            server.close()
+            raise
+        return client, server, secret
+    delay, last = 0.02, None
+    while True:
+        record = _kv_call(kv.get, (STORE_KEY,), deadline, what).decode(errors="replace")
+        address, store_id, made = [*record.split(" "), "", ""][:3]
+        store_host, _, port = address.rpartition(":")
+        if not store_host or not port.isdigit() or not store_id:
+            raise ProtocolError(f"{what}: the key {STORE_KEY!r} of the job's key-value store holds {record[:80]!r}")
+        secret = token or (made.encode() if made != "-" else b"")
+        left = deadline - time.monotonic()
+        if store_id not in JOINED.ids(rank):  # else: the store of a group this process has left
+            try:
+                client = StoreClient(
+                    store_host,
+                    int(port),
+                    timeout=max(0.05, left),
+                    connect_timeout=max(0.05, min(left, HANDSHAKE_LIMIT)),
+                    token=secret,
+                    rank=rank,
+                    refuse=JOINED.ids(rank),
+                )
+            except (CollectiveTimeout, PeerLost, BackendUnavailable) as exc:
+                last = exc  # a record of a store that has gone: rank 0 is about to replace it
+            else:
+                if client.store_id == store_id:
+                    return client, None, secret
+                client.close()
+        if time.monotonic() + delay >= deadline:
+            raise CollectiveTimeout(
+                f"{what}: rank 0 did not publish a store this rank could join under {STORE_KEY!r} in time (the "
+                f"last record, {record!r}, is "
+                + (f"unreachable: {last}" if last is not None else "that of a process group this rank has left")
+                + "); is rank 0 running and starting the same group?",
+                rank=rank,
+                waiting_for=(0,),
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+
+
+def _kv_call(method: Callable[..., Any], args: tuple[Any, ...], deadline: float, what: str) -> Any:
+    """``method(*args)`` of an outside key-value store, given up at ``deadline``: it runs
+    in a thread of its own, since such a store may block for as long as its own timeout."""
+    box: list[Any] = []
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            box.append((True, method(*args)))
+        except BaseException as exc:
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name="ferrodist-kv", daemon=True).start()
+    name = getattr(method, "__name__", "call")
+    if not done.wait(max(0.0, deadline - time.monotonic())):
+        raise CollectiveTimeout(
+            f"{what}: the job's key-value store did not answer {name}({args[0]!r}) in time"
+            + (" (rank 0 has not published its store: is it running?)" if name == "get" else ""),
+            waiting_for=(0,) if name == "get" else (),
+        )
+    ok, value = box[0]
+    if not ok:
+        if name == "get" and "timeout" in str(value).lower():
+            raise CollectiveTimeout(
+                f"{what}: rank 0 did not publish its store under {args[0]!r} before the key-value store's own "
+                f"timeout ({type(value).__name__}: {value}); is rank 0 running?",
+                waiting_for=(0,),
+            ) from value
+        raise BackendUnavailable(
+            f"{what}: the job's key-value store failed {name}({args[0]!r}): {type(value).__name__}: {value}"
+        ) from value
+    if name == "get" and not isinstance(value, (bytes, bytearray)):
+        value = value.encode() if isinstance(value, str) else bytes(value)
+    return value
 
 
 def _join_existing_store(

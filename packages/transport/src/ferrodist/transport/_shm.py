@@ -35,6 +35,7 @@ from ._auth import job_token
 from ._protocol import DEFAULT_TIMEOUT
 from ._rendezvous import Rendezvous, report_bad_start
 from ._segment import SegmentGone, create_segment, open_segment
+from ._store import KeyValue
 from ._tcp import TcpTransport
 
 __all__ = ["ShmCollectives", "ShmTransport"]
@@ -389,17 +390,18 @@ class ShmTransport(TcpTransport):
         *,
         rank: int,
         world_size: int,
-        master_addr: str,
-        master_port: int,
+        master_addr: str | None = None,
+        master_port: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         token: bytes | None = None,
         max_frame_bytes: int | None = None,
         chunk: int | None = None,
         slots: int | None = None,
+        rendezvous: KeyValue | None = None,
     ) -> ShmTransport:
-        """``TcpTransport.connect``, then the shared-memory arena: rank 0 creates it, every
-        rank maps it. A rank that cannot (or whose slot sizes differ from rank 0's) makes
-        every rank fail at once with its reason."""
+        """``TcpTransport.connect`` (``rendezvous=`` included), then the shared-memory arena:
+        rank 0 creates it, every rank maps it. A rank that cannot (or whose slot sizes differ
+        from rank 0's) makes every rank fail at once with its reason."""
         chunk = chunk or int(os.environ.get("FERRODIST_SHM_CHUNK", DEFAULT_CHUNK))
         slots = slots or int(os.environ.get("FERRODIST_SHM_SLOTS", DEFAULT_SLOTS))
         if chunk < 64 or chunk % 64 or not 1 <= slots <= 6:
@@ -407,7 +409,9 @@ class ShmTransport(TcpTransport):
                 f"rank {rank}: shared memory: chunk must be a positive multiple of 64 bytes and slots 1..6, got "
                 f"{chunk}, {slots} (FERRODIST_SHM_CHUNK, FERRODIST_SHM_SLOTS)"
             )
-            report_bad_start(rank, world_size, master_addr, master_port, job_token() if token is None else token, bad)
+            if rendezvous is None and master_addr is not None and master_port is not None:
+                secret = job_token() if token is None else token
+                report_bad_start(rank, world_size, master_addr, master_port, secret, bad)
             raise bad
         deadline = time.monotonic() + timeout
         self = super().connect(
@@ -418,6 +422,7 @@ class ShmTransport(TcpTransport):
             timeout=timeout,
             token=token,
             max_frame_bytes=max_frame_bytes,
+            rendezvous=rendezvous,
         )
         assert isinstance(self, ShmTransport)
         what = f"rank {rank}: opening the shared memory of a job of {world_size} ranks"

@@ -27,19 +27,37 @@ import struct
 import threading
 import time
 from collections.abc import Collection, Iterable
+from typing import Protocol, runtime_checkable
 
 from ferrodist.core import BackendUnavailable, CollectiveTimeout, InvalidArgument, PeerLost, ProtocolError
 
 from ._auth import NotFerrodist, accept_handshake, connect_handshake, job_token
 from ._net import HANDSHAKE_LIMIT, connect_with_retry, listen, recv_exact
 
-__all__ = ["StoreClient", "StoreServer"]
+__all__ = ["KeyValue", "StoreClient", "StoreServer"]
 
 _REQUEST = struct.Struct("<BIQd")  # op, key bytes, value bytes, seconds the server may wait
 _ANSWER = struct.Struct("<BQ")  # status, payload bytes
 _SET, _GET, _ADD, _WAIT, _DELETE, _CHECK, _INFO = range(1, 8)
 _OK, _TIMEOUT, _MISSING, _ERROR = range(4)
 _MAX_RECORD = 64 << 20  # a store value is metadata: refuse anything near this size
+
+
+@runtime_checkable
+class KeyValue(Protocol):
+    """A key-value store every rank of a job already reaches, through which a job can
+    start instead of through ``MASTER_ADDR:MASTER_PORT`` (see ``TcpTransport.connect``'s
+    ``rendezvous=``): torch's ``c10d.Store`` (``TCPStore``, ``PrefixStore``, ``FileStore``)
+    is one, as is any object with these two methods.
+    """
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, blocking until some rank sets it (within the store's own timeout)."""
+        ...
+
+    def set(self, key: str, value: bytes) -> None:
+        """Set ``key`` to ``value``, visible to every rank."""
+        ...
 
 
 def _server_wait(timeout: float) -> float:
@@ -161,6 +179,8 @@ class StoreClient:
             is retried until then), and the default limit of every request.
         token: the job token (default ``FERRODIST_TOKEN``).
         rank: this process's rank, for messages.
+        connect_timeout: seconds to reach the store, when not ``timeout`` (a caller that
+            tries several addresses in turn gives each a short one).
         refuse: ids of stores not to use (see ``StoreServer.store_id``): while the store
             reached has one of them, the client waits for another to replace it.
 
@@ -185,6 +205,7 @@ class StoreClient:
         token: bytes | None = None,
         rank: int | None = None,
         refuse: Collection[str] = (),
+        connect_timeout: float | None = None,
     ) -> None:
         self._host, self._port, self._rank = host, port, rank
         self._who = f"rank {rank}: " if rank is not None else ""
@@ -198,7 +219,8 @@ class StoreClient:
         self.store_id = ""
         #: The process that hosts the store, as ``"pid N on HOST"``.
         self.host_process = ""
-        self._idle.append(self._first_connection(time.monotonic() + self._timeout, frozenset(refuse)))
+        reach = self._timeout if connect_timeout is None else _seconds(connect_timeout, "StoreClient: connect_timeout")
+        self._idle.append(self._first_connection(time.monotonic() + reach, frozenset(refuse)))
 
     # -- connections ------------------------------------------------------------------------------
     def _first_connection(self, deadline: float, refuse: frozenset[str]) -> socket.socket:

@@ -34,8 +34,8 @@ from ._link import DONE, Done, Frame, Link, Pending, Recv
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._net import local_address
 from ._protocol import DEFAULT_TIMEOUT
-from ._rendezvous import Rendezvous, mesh, open_store, report_bad_start
-from ._store import StoreClient, StoreServer
+from ._rendezvous import Rendezvous, mesh, open_store, open_store_through, report_bad_start
+from ._store import KeyValue, StoreClient, StoreServer
 
 __all__ = ["TcpTransport"]
 
@@ -83,17 +83,29 @@ class TcpTransport:
         *,
         rank: int,
         world_size: int,
-        master_addr: str,
-        master_port: int,
+        master_addr: str | None = None,
+        master_port: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         token: bytes | None = None,
         max_frame_bytes: int | None = None,
+        rendezvous: KeyValue | None = None,
     ) -> TcpTransport:
         """Join the job: rank 0 hosts the store on ``master_addr:master_port``, every rank
         registers there and publishes its own listening address, and the ranks connect
         pairwise (see ``_rendezvous``). A bad start (two processes with one rank, ranks
         with different world sizes, the master port held by something else) fails on every
         rank within seconds, with the same error.
+
+        ``rendezvous``: a key-value store the job already has (any object with blocking
+        ``get(key) -> bytes`` and ``set(key, bytes)``, such as torch's ``c10d.Store``).
+        Then rank 0 hosts the store on a port the OS picks and publishes where it is (and,
+        without ``FERRODIST_TOKEN``, a token it made for the job) there; ``master_port`` is
+        not used, and ``master_addr``, when given, only picks the network interface (the
+        one that routes to it; default: this host's name).
+
+        Example (each rank of a job that has a torch store)::
+
+            t = TcpTransport.connect(rank=r, world_size=2, rendezvous=torch_store, master_addr="10.0.0.1")
 
         Raises:
             InvalidArgument: this rank's ``rank`` or ``world_size`` is wrong, or contradicts
@@ -105,23 +117,30 @@ class TcpTransport:
         """
         secret = job_token() if token is None else token
         deadline = time.monotonic() + timeout
+        where = _where(rank, master_addr, master_port, rendezvous)
         if not isinstance(world_size, int) or world_size < 1 or not isinstance(rank, int) or not 0 <= rank < world_size:
             bad = InvalidArgument(
                 f"rank {rank}: TcpTransport.connect: need 0 <= rank < world_size, got rank={rank!r}, "
                 f"world_size={world_size!r} (RANK and WORLD_SIZE): start every rank with the same WORLD_SIZE and "
                 "a RANK below it"
             )
-            report_bad_start(rank, world_size, master_addr, master_port, secret, bad)
+            if rendezvous is None and master_addr is not None and master_port is not None:
+                report_bad_start(rank, world_size, master_addr, master_port, secret, bad)
             raise bad
         limit = max_frame_bytes or int(os.environ.get("FERRODIST_MAX_FRAME_BYTES", _DEFAULT_MAX_FRAME))
         self = cls(rank, world_size, timeout=timeout, max_frame_bytes=limit)
-        what = f"rank {rank}: joining a job of {world_size} ranks through {master_addr}:{master_port}"
+        what = f"rank {rank}: joining a job of {world_size} ranks through {where}"
+        host = local_address(master_addr or socket.gethostname())
         rdv: Rendezvous | None = None
         try:
-            self._store, self._server = open_store(rank, master_addr, master_port, secret, deadline, what)
+            if rendezvous is not None:
+                self._store, self._server, secret = open_store_through(rendezvous, rank, host, secret, deadline, what)
+            else:
+                assert master_addr is not None and master_port is not None  # checked by _where
+                self._store, self._server = open_store(rank, master_addr, master_port, secret, deadline, what)
             rdv = Rendezvous(self._store, rank, world_size, deadline, what)
             rdv.join()
-            for peer, sock in mesh(rdv, local_address(master_addr), secret):
+            for peer, sock in mesh(rdv, host, secret):
                 self._add_link(peer, sock)
         except BaseException:
             if rdv is not None and rdv.aborted and self._server is not None:
@@ -500,6 +519,23 @@ class TcpTransport:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _where(rank: object, master_addr: str | None, master_port: int | None, rendezvous: KeyValue | None) -> str:
+    """How the job starts, for messages; ``InvalidArgument`` when ``connect`` was told neither way."""
+    if rendezvous is not None:
+        if not isinstance(rendezvous, KeyValue):
+            raise InvalidArgument(
+                f"rank {rank}: TcpTransport.connect: rendezvous= needs get(key) and set(key, value) methods (a "
+                f"key-value store such as torch.distributed.TCPStore), not a {type(rendezvous).__name__}"
+            )
+        return f"the key-value store {type(rendezvous).__name__}"
+    if master_addr is None or master_port is None:
+        raise InvalidArgument(
+            f"rank {rank}: TcpTransport.connect: give master_addr= and master_port= (where rank 0 hosts the store), "
+            "or rendezvous= (a key-value store every rank reaches)"
+        )
+    return f"{master_addr}:{master_port}"
 
 
 def _departure(rank: int, peer: int, why: bytes) -> PeerLost:
