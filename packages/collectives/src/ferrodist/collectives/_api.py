@@ -6,12 +6,14 @@ They act on ``group`` (the default group when ``None``). As in torch, ``src``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from ferrodist.core import ReduceOp
+from ferrodist.core import InvalidArgument, ReduceOp
 
 from ._group import ProcessGroup
 from ._state import resolve
+from ._timeouts import Timeout
 from ._work import Work
 
 
@@ -21,7 +23,7 @@ def all_reduce(
     group: ProcessGroup | None = None,
     async_op: bool = False,
     *,
-    timeout: float | None = None,
+    timeout: Timeout = None,
     algorithm: str | None = None,
     compress: str | None = None,
 ) -> Work | None:
@@ -38,7 +40,7 @@ def all_reduce(
 
 
 def broadcast(
-    tensor: Any, src: int, group: ProcessGroup | None = None, async_op: bool = False, *, timeout: float | None = None
+    tensor: Any, src: int, group: ProcessGroup | None = None, async_op: bool = False, *, timeout: Timeout = None
 ) -> Work | None:
     """Copy global rank ``src``'s ``tensor`` to every rank of the group."""
     g = resolve(group)
@@ -52,7 +54,7 @@ def reduce(
     group: ProcessGroup | None = None,
     async_op: bool = False,
     *,
-    timeout: float | None = None,
+    timeout: Timeout = None,
 ) -> Work | None:
     """Reduce ``tensor`` across the group into global rank ``dst``'s ``tensor``."""
     g = resolve(group)
@@ -60,7 +62,7 @@ def reduce(
 
 
 def all_gather(
-    output: Any, tensor: Any, group: ProcessGroup | None = None, async_op: bool = False, *, timeout: float | None = None
+    output: Any, tensor: Any, group: ProcessGroup | None = None, async_op: bool = False, *, timeout: Timeout = None
 ) -> Work | None:
     """Gather every rank's ``tensor`` into ``output`` on every rank (a list, or one tensor)."""
     return resolve(group).all_gather(output, tensor, async_op=async_op, timeout=timeout)
@@ -73,7 +75,7 @@ def reduce_scatter(
     group: ProcessGroup | None = None,
     async_op: bool = False,
     *,
-    timeout: float | None = None,
+    timeout: Timeout = None,
 ) -> Work | None:
     """Reduce ``input`` blocks across ranks; block i's result lands in group rank i's ``output``."""
     return resolve(group).reduce_scatter(output, input, op, async_op=async_op, timeout=timeout)
@@ -86,7 +88,7 @@ def gather(
     group: ProcessGroup | None = None,
     async_op: bool = False,
     *,
-    timeout: float | None = None,
+    timeout: Timeout = None,
 ) -> Work | None:
     """Collect every rank's ``tensor`` into ``gather_list`` on global rank ``dst``."""
     g = resolve(group)
@@ -100,7 +102,7 @@ def scatter(
     group: ProcessGroup | None = None,
     async_op: bool = False,
     *,
-    timeout: float | None = None,
+    timeout: Timeout = None,
 ) -> Work | None:
     """Send block i of ``scatter_list`` on global rank ``src`` into group rank i's ``tensor``."""
     g = resolve(group)
@@ -113,40 +115,239 @@ def all_to_all(
     group: ProcessGroup | None = None,
     async_op: bool = False,
     *,
-    timeout: float | None = None,
+    timeout: Timeout = None,
 ) -> Work | None:
     """Group rank i's ``inputs[j]`` lands in group rank j's ``outputs[i]``."""
     return resolve(group).all_to_all(outputs, inputs, async_op=async_op, timeout=timeout)
 
 
-def barrier(group: ProcessGroup | None = None, async_op: bool = False, *, timeout: float | None = None) -> Work | None:
-    """Return once every rank of the group has entered the barrier."""
-    return resolve(group).barrier(async_op=async_op, timeout=timeout)
+def barrier(
+    group: ProcessGroup | None = None, async_op: bool = False, device_ids: Any = None, timeout: Timeout = None
+) -> Work | None:
+    """Return once every rank of the group has entered the barrier.
+
+    ``device_ids`` (torch's list of GPU indices for NCCL) is checked and ignored: the
+    barrier moves no tensor, on any backend.
+    """
+    g = resolve(group)
+    if device_ids is not None and (
+        not isinstance(device_ids, (list, tuple))
+        or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in device_ids)
+    ):
+        raise InvalidArgument(
+            f"rank {g.global_rank}: barrier: device_ids must be a list of GPU indices (ints >= 0) or None, "
+            f"not {device_ids!r}",
+            rank=g.global_rank,
+            operation="barrier",
+        )
+    return g.barrier(async_op=async_op, timeout=timeout)
+
+
+def peer_rank(g: ProcessGroup, operation: str, rank: int | None, group_rank: int | None, name: str) -> int | None:
+    """The group rank of a peer given as a global rank (``src``/``dst``) or as a group rank
+    (``group_src``/``group_dst``); None when neither is given."""
+    if rank is not None and group_rank is not None:
+        raise InvalidArgument(
+            f"rank {g.global_rank}: {operation}: pass {name} (a global rank) or group_{name} (a rank of the group), "
+            "not both",
+            rank=g.global_rank,
+            operation=operation,
+        )
+    if group_rank is not None:
+        return group_rank
+    return None if rank is None else g.group_rank(rank)
 
 
 def send(
-    tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0, *, timeout: float | None = None
+    tensor: Any,
+    dst: int | None = None,
+    group: ProcessGroup | None = None,
+    tag: int = 0,
+    group_dst: int | None = None,
+    *,
+    timeout: Timeout = None,
 ) -> None:
-    """Send ``tensor`` to global rank ``dst``."""
+    """Send ``tensor`` to global rank ``dst`` (or group rank ``group_dst``)."""
     g = resolve(group)
-    g.send(tensor, g.group_rank(dst), tag, timeout=timeout)
+    g.send(tensor, _destination(g, "send", dst, group_dst), tag, timeout=timeout)
 
 
 def recv(
-    tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0, *, timeout: float | None = None
+    tensor: Any,
+    src: int | None = None,
+    group: ProcessGroup | None = None,
+    tag: int = 0,
+    group_src: int | None = None,
+    *,
+    timeout: Timeout = None,
+) -> int:
+    """Receive into ``tensor`` from global rank ``src`` (or group rank ``group_src``);
+    returns the sender's global rank.
+
+    Without ``src``, from any rank: in a group of two ranks, that is the other one. In a
+    larger group it raises ``InvalidArgument``: the transports match a message by its
+    sender and tag, and waiting for whichever comes first could take a message that a
+    later receive is waiting for. Name the sender there.
+
+    Example::
+
+        x = np.empty(2)
+        if rank == 1:
+            send(np.array([7.0, 8.0]), dst=0)
+        else:
+            sender = recv(x)   # x == [7., 8.], sender == 1
+    """
+    g = resolve(group)
+    peer = _source(g, "recv", src, group_src)
+    g.recv(tensor, peer, tag, timeout=timeout)
+    return g.ranks[peer]
+
+
+def isend(
+    tensor: Any, dst: int | None = None, group: ProcessGroup | None = None, tag: int = 0, group_dst: int | None = None
+) -> Work:
+    """Start sending ``tensor`` to global rank ``dst`` (or group rank ``group_dst``); returns a ``Work``."""
+    g = resolve(group)
+    return g.isend(tensor, _destination(g, "isend", dst, group_dst), tag)
+
+
+def irecv(
+    tensor: Any, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0, group_src: int | None = None
+) -> Work:
+    """Start receiving into ``tensor`` from global rank ``src`` (or group rank ``group_src``;
+    without either, the other rank of a group of two, as for ``recv``); returns a ``Work``."""
+    g = resolve(group)
+    return g.irecv(tensor, _source(g, "irecv", src, group_src), tag)
+
+
+def _destination(g: ProcessGroup, operation: str, dst: int | None, group_dst: int | None) -> int:
+    peer = peer_rank(g, operation, dst, group_dst, "dst")
+    if peer is None:
+        raise InvalidArgument(
+            f"rank {g.global_rank}: {operation}: name the destination with dst= (a global rank) or group_dst=",
+            rank=g.global_rank,
+            operation=operation,
+        )
+    return peer
+
+
+def _source(g: ProcessGroup, operation: str, src: int | None, group_src: int | None) -> int:
+    peer = peer_rank(g, operation, src, group_src, "src")
+    return g.sole_peer(operation) if peer is None else peer
+
+
+# -- torch's other names ---------------------------------------------------------------------------
+def all_gather_into_tensor(
+    output_tensor: Any,
+    input_tensor: Any,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    timeout: Timeout = None,
+) -> Work | None:
+    """Every rank's ``input_tensor`` into ``output_tensor`` (concatenated along dim 0, or
+    stacked). See ``ProcessGroup.all_gather_into_tensor``."""
+    return resolve(group).all_gather_into_tensor(output_tensor, input_tensor, async_op=async_op, timeout=timeout)
+
+
+def reduce_scatter_tensor(
+    output: Any,
+    input: Any,
+    op: ReduceOp | str = ReduceOp.SUM,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    timeout: Timeout = None,
+) -> Work | None:
+    """Group rank i's ``output`` = the reduction of block i of every rank's ``input``
+    (blocks concatenated along dim 0, or stacked). See ``ProcessGroup.reduce_scatter_tensor``."""
+    return resolve(group).reduce_scatter_tensor(output, input, op, async_op=async_op, timeout=timeout)
+
+
+def all_to_all_single(
+    output: Any,
+    input: Any,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    timeout: Timeout = None,
+) -> Work | None:
+    """Rows of ``input`` (dim 0, ``input_split_sizes[j]`` for group rank j) to every rank;
+    ``output`` gets ``output_split_sizes[i]`` rows from each group rank i. None: equal
+    splits. See ``ProcessGroup.all_to_all_single``."""
+    return resolve(group).all_to_all_single(
+        output, input, output_split_sizes, input_split_sizes, async_op=async_op, timeout=timeout
+    )
+
+
+def monitored_barrier(group: ProcessGroup | None = None, timeout: Timeout = None, wait_all_ranks: bool = False) -> None:
+    """A barrier whose failure says who did not come: group rank 0 names the ranks that did
+    not arrive within ``timeout`` (the first one, or all with ``wait_all_ranks=True``) and
+    every rank raises. See ``ProcessGroup.monitored_barrier``."""
+    resolve(group).monitored_barrier(timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+
+def broadcast_object_list(
+    object_list: list[Any],
+    src: int | None = None,
+    group: ProcessGroup | None = None,
+    device: Any = None,
+    group_src: int | None = None,
+    *,
+    timeout: Timeout = None,
 ) -> None:
-    """Receive into ``tensor`` from global rank ``src``."""
+    """Global rank ``src``'s (default 0, or group rank ``group_src``) picklable objects into
+    ``object_list`` on every rank (a list of the same length everywhere). ``device`` is
+    accepted and ignored: objects travel through host memory. See
+    ``ProcessGroup.broadcast_object_list``."""
     g = resolve(group)
-    g.recv(tensor, g.group_rank(src), tag, timeout=timeout)
+    root = peer_rank(g, "broadcast_object_list", src, group_src, "src")
+    g.broadcast_object_list(object_list, g.group_rank(0) if root is None else root, timeout=timeout)
 
 
-def isend(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> Work:
-    """Start sending ``tensor`` to global rank ``dst``; returns a ``Work``."""
+def all_gather_object(
+    object_list: list[Any], obj: Any, group: ProcessGroup | None = None, *, timeout: Timeout = None
+) -> None:
+    """Every rank's picklable ``obj`` into ``object_list`` (one entry per rank, in rank
+    order). See ``ProcessGroup.all_gather_object``."""
+    resolve(group).all_gather_object(object_list, obj, timeout=timeout)
+
+
+def gather_object(
+    obj: Any,
+    object_gather_list: list[Any] | None = None,
+    dst: int | None = None,
+    group: ProcessGroup | None = None,
+    group_dst: int | None = None,
+    *,
+    timeout: Timeout = None,
+) -> None:
+    """Every rank's picklable ``obj`` into ``object_gather_list`` on global rank ``dst``
+    (default 0, or group rank ``group_dst``); ``None`` elsewhere. See ``ProcessGroup.gather_object``."""
     g = resolve(group)
-    return g.isend(tensor, g.group_rank(dst), tag)
+    root = peer_rank(g, "gather_object", dst, group_dst, "dst")
+    g.gather_object(obj, object_gather_list, g.group_rank(0) if root is None else root, timeout=timeout)
 
 
-def irecv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0) -> Work:
-    """Start receiving into ``tensor`` from global rank ``src``; returns a ``Work``."""
+def scatter_object_list(
+    scatter_object_output_list: list[Any],
+    scatter_object_input_list: list[Any] | None = None,
+    src: int | None = None,
+    group: ProcessGroup | None = None,
+    group_src: int | None = None,
+    *,
+    timeout: Timeout = None,
+) -> None:
+    """Entry i of ``scatter_object_input_list`` on global rank ``src`` (default 0, or group
+    rank ``group_src``) into entry 0 of group rank i's ``scatter_object_output_list``.
+    See ``ProcessGroup.scatter_object_list``."""
     g = resolve(group)
-    return g.irecv(tensor, g.group_rank(src), tag)
+    root = peer_rank(g, "scatter_object_list", src, group_src, "src")
+    g.scatter_object_list(
+        scatter_object_output_list,
+        scatter_object_input_list,
+        g.group_rank(0) if root is None else root,
+        timeout=timeout,
+    )

@@ -26,6 +26,14 @@ OPERATIONS = (
     "scatter",
     "all_to_all",
     "barrier",
+    # Calls made of several steps, each run as one call with a fingerprint of its own
+    # (this takes codes 1..15, all the 4 bits hold: another one needs a wider field).
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "all_to_all_single",
+    "monitored_barrier",
 )
 _OPERATION_CODE = {name: code for code, name in enumerate(OPERATIONS, start=1)}
 _DTYPE_CODE = {dt.name: code for code, dt in enumerate(ALL_DTYPES, start=1)}

@@ -28,13 +28,17 @@ from . import _device, _direct, _doubling, _native, _ring, _tree
 from ._call import Call
 from ._checks import Checker, flats, split_equally, wire_dtype
 from ._fingerprint import fingerprint
+from ._monitor import MonitoredBarrier
+from ._objects import ObjectCollectives
 from ._p2p import PointToPoint
 from ._runner import Runner
 from ._select import all_reduce_algorithm
+from ._tensors import TensorCollectives
+from ._timeouts import Timeout
 from ._work import Work
 
 
-class ProcessGroup(PointToPoint):
+class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, MonitoredBarrier):
     """Ranks that run collectives together; made by ``init_process_group`` (the world) and
     ``new_group`` (subsets).
 
@@ -158,9 +162,9 @@ class ProcessGroup(PointToPoint):
         return child
 
     # -- running a call ------------------------------------------------------------------------
-    def _fast_native(self, native: Any, timeout: float | None, async_op: bool) -> bool:
+    def _fast_native(self, native: Any, timeout: Timeout, async_op: bool) -> bool:
         """Whether this call may take the fast path (the transport's own collectives, no options)."""
-        return native is not None and not (async_op or timeout or self._debug)
+        return native is not None and timeout is None and not (async_op or self._debug)
 
     def _remember(self, key: tuple[Any, ...], plan: tuple[Any, Any, int], *arrays: Any) -> None:
         """Keep ``plan`` for ``key`` when every array of the call is a plain numpy array."""
@@ -201,7 +205,7 @@ class ProcessGroup(PointToPoint):
         op: ReduceOp | str = ReduceOp.SUM,
         *,
         async_op: bool = False,
-        timeout: float | None = None,
+        timeout: Timeout = None,
         algorithm: str | None = None,
         compress: str | None = None,
     ) -> Work | None:
@@ -219,7 +223,7 @@ class ProcessGroup(PointToPoint):
             group.all_reduce(x, ReduceOp.MAX)            # rank 0: [2, 20]  rank 1: [2, 20]
         """
         native = self._native
-        if type(tensor) is np.ndarray and not (async_op or timeout or algorithm or compress or self._debug):
+        if type(tensor) is np.ndarray and timeout is None and not (async_op or algorithm or compress or self._debug):
             plan = self._fast_plans.get(("all_reduce", tensor.dtype, op, tensor.size))
             if plan is not None and tensor.flags.c_contiguous and tensor.flags.writeable:
                 dt, how, fp = plan
@@ -271,9 +275,7 @@ class ProcessGroup(PointToPoint):
             shape=t.shape,
         )
 
-    def broadcast(
-        self, tensor: Any, src: int = 0, *, async_op: bool = False, timeout: float | None = None
-    ) -> Work | None:
+    def broadcast(self, tensor: Any, src: int = 0, *, async_op: bool = False, timeout: Timeout = None) -> Work | None:
         """Copy group rank ``src``'s ``tensor`` into every rank's ``tensor`` (binomial tree).
 
         Example::
@@ -319,7 +321,7 @@ class ProcessGroup(PointToPoint):
         op: ReduceOp | str = ReduceOp.SUM,
         *,
         async_op: bool = False,
-        timeout: float | None = None,
+        timeout: Timeout = None,
     ) -> Work | None:
         """Reduce ``tensor`` across the group into group rank ``dst``'s ``tensor``.
         Other ranks' tensors are left unchanged.
@@ -351,9 +353,7 @@ class ProcessGroup(PointToPoint):
             shape=t.shape,
         )
 
-    def all_gather(
-        self, output: Any, tensor: Any, *, async_op: bool = False, timeout: float | None = None
-    ) -> Work | None:
+    def all_gather(self, output: Any, tensor: Any, *, async_op: bool = False, timeout: Timeout = None) -> Work | None:
         """Every rank receives every rank's ``tensor``: ``output`` is a list of ``size`` tensors
         shaped like ``tensor``, or one tensor of ``size * tensor.numel`` elements (rank-major).
 
@@ -403,7 +403,7 @@ class ProcessGroup(PointToPoint):
         op: ReduceOp | str = ReduceOp.SUM,
         *,
         async_op: bool = False,
-        timeout: float | None = None,
+        timeout: Timeout = None,
     ) -> Work | None:
         """Group rank i's ``output`` = reduction over ranks of their i-th input block. ``input``
         is a list of ``size`` tensors shaped like ``output``, or one tensor of
@@ -459,7 +459,7 @@ class ProcessGroup(PointToPoint):
         dst: int = 0,
         *,
         async_op: bool = False,
-        timeout: float | None = None,
+        timeout: Timeout = None,
     ) -> Work | None:
         """Group rank ``dst`` receives every rank's ``tensor`` into ``gather_list`` (a list of
         ``size`` tensors, or one tensor of ``size * tensor.numel`` elements); other ranks
@@ -503,7 +503,7 @@ class ProcessGroup(PointToPoint):
         src: int = 0,
         *,
         async_op: bool = False,
-        timeout: float | None = None,
+        timeout: Timeout = None,
     ) -> Work | None:
         """Group rank ``src`` sends block i of ``scatter_list`` to rank i's ``tensor``; other
         ranks pass ``scatter_list=None``.
@@ -540,9 +540,7 @@ class ProcessGroup(PointToPoint):
             shape=t.shape,
         )
 
-    def all_to_all(
-        self, outputs: Any, inputs: Any, *, async_op: bool = False, timeout: float | None = None
-    ) -> Work | None:
+    def all_to_all(self, outputs: Any, inputs: Any, *, async_op: bool = False, timeout: Timeout = None) -> Work | None:
         """Rank i's ``inputs[j]`` arrives in rank j's ``outputs[i]``. ``outputs`` and ``inputs``
         are lists of ``size`` tensors (sizes may differ per pair, but ``outputs[i]`` on rank j
         must match ``inputs[j]`` on rank i) or single tensors split into ``size`` equal blocks.
@@ -574,7 +572,7 @@ class ProcessGroup(PointToPoint):
             timeout=timeout,
         )
 
-    def barrier(self, *, async_op: bool = False, timeout: float | None = None) -> Work | None:
+    def barrier(self, *, async_op: bool = False, timeout: Timeout = None) -> Work | None:
         """Return once every rank of the group has entered ``barrier`` (dissemination rounds)."""
         self._checker("barrier")
         native = self._native

@@ -16,6 +16,7 @@ from ferrodist.transport import Transport
 from ._call import MAX_USER_TAG, p2p_tag
 from ._checks import Checker
 from ._runner import Runner
+from ._timeouts import Timeout
 from ._work import RequestWork, Work
 
 
@@ -76,7 +77,7 @@ class PointToPoint:
         request = self._start(x, peer, wire_tag, dev, sending=False)
         return RequestWork(context, request, self._timeout, context)
 
-    def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
+    def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: Timeout = None) -> None:
         """Send ``tensor`` to group rank ``dst`` (matched by a ``recv`` there with the same tag)."""
         x, peer, wire_tag, context, dev = self._p2p("send", tensor, dst, tag, writeable=False)
         request = self._start(x, peer, wire_tag, dev, sending=True)
@@ -94,7 +95,21 @@ class PointToPoint:
             error = FerrodistError(f"rank {self._global_rank}: {type(error).__name__}: {error}", rank=self._global_rank)
         self._runner.abort(error)
 
-    def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> None:
+    def sole_peer(self, operation: str) -> int:
+        """The group rank a receive from any source can come from: the other rank of a
+        group of two. Larger groups raise: a transport matches a message by (sender, tag),
+        so "whichever sender comes first" cannot be asked of it without taking a message
+        that a later receive is waiting for."""
+        check = self._checker(operation)
+        if len(self._ranks) == 2:
+            return 1 - self._ranks.index(self._global_rank)
+        raise check.fail(
+            f"src=None (any source) works in a group of two ranks only; this group has {len(self._ranks)}. "
+            "ferrodist's transports match a message by its sender and tag, so waiting for whichever rank sends "
+            "first could take a message that a later receive is waiting for: pass src= (the sender's rank)"
+        )
+
+    def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: Timeout = None) -> None:
         """Receive into ``tensor`` from group rank ``src`` (the message must have its exact size)."""
         x, peer, wire_tag, context, dev = self._p2p("recv", tensor, src, tag, writeable=True)
         request = self._start(x, peer, wire_tag, dev, sending=False)

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from ferrodist.core import CollectiveMismatch, FerrodistError, GroupAborted, InvalidArgument
+from ferrodist.core import CollectiveMismatch, FerrodistError, GroupAborted
 from ferrodist.transport import Transport
 
 from . import _failure
@@ -21,6 +21,7 @@ from ._call import Call, Scratch, collective_tag
 from ._debug import check_agreement
 from ._order import CallOrder
 from ._record import record_failure
+from ._timeouts import Timeout, seconds
 from ._work import Work, Worker
 
 Body = Callable[[Call], None]
@@ -66,7 +67,7 @@ class Runner:
         fp: int,
         *,
         async_op: bool,
-        timeout: float | None,
+        timeout: Timeout,
         shape: tuple[int, ...] = (),
     ) -> Work | None:
         """Run ``body`` as the group's next call (now, or on the async worker), in the order
@@ -138,18 +139,11 @@ class Runner:
         finally:
             order.done(seq)
 
-    def limit(self, timeout: float | None, operation: str) -> float:
-        """A call's timeout: the caller's (checked), or the group's."""
+    def limit(self, timeout: Timeout, operation: str) -> float:
+        """A call's timeout: the caller's (seconds or a ``timedelta``, checked), or the group's."""
         if timeout is None:
             return self.timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise InvalidArgument(
-                f"rank {self.transport.rank}: {operation}: timeout must be a positive number of seconds, "
-                f"not {timeout!r}",
-                rank=self.transport.rank,
-                operation=operation,
-            )
-        return float(timeout)
+        return seconds(timeout, operation, rank=self.transport.rank)
 
     def stop(self, timeout: float) -> None:
         """Finish queued async work (``timeout`` seconds at most) and stop the worker."""

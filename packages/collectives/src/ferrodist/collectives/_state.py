@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
 
 from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, NotInitialized
-from ferrodist.transport import DEFAULT_TIMEOUT, SimulatedTransport, Transport
+from ferrodist.transport import DEFAULT_TIMEOUT, MpiTransport, ShmTransport, SimulatedTransport, TcpTransport, Transport
 
 from ._backends import make_transport
 from ._debug import enabled_by_environment
 from ._group import ProcessGroup
 from ._record import record_failure
+from ._timeouts import seconds
 
 _thread_default = threading.local()
 _process_default: list[ProcessGroup] = []  # zero or one element; a list so it can be cleared in place
@@ -47,12 +50,33 @@ def default_group() -> ProcessGroup:
     return group
 
 
+class _World:
+    """``group.WORLD``: the default group of whoever uses it (this process's, or this
+    thread's in a simulated world), looked up at each use; its attributes are the
+    default group's (``group.WORLD.size``, ``group.WORLD.all_reduce(x)``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(default_group(), name)
+
+    def __repr__(self) -> str:
+        return "<group.WORLD: the default process group>"
+
+
+class group:  # torch's name (torch.distributed.group.WORLD), lower case
+    """Named groups, as ``torch.distributed.group``: ``group.WORLD`` is the default group,
+    accepted wherever a ``group`` argument is (it means the same as ``None``)."""
+
+    WORLD: Any = _World()
+
+
 def resolve(group: ProcessGroup | None) -> ProcessGroup:
-    """The group a module-level call acts on."""
-    if group is None:
+    """The group a module-level call acts on (``None`` and ``group.WORLD``: the default)."""
+    if group is None or isinstance(group, _World):
         return default_group()
     if not isinstance(group, ProcessGroup):
-        raise InvalidArgument(f"group must be a ProcessGroup from new_group() or None, not {type(group).__name__}")
+        raise InvalidArgument(
+            f"group must be a ProcessGroup from new_group(), group.WORLD or None, not {type(group).__name__}"
+        )
     return group
 
 
@@ -62,7 +86,7 @@ def init_process_group(
     init_method: str | None = None,
     rank: int | None = None,
     world_size: int | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | timedelta = DEFAULT_TIMEOUT,
     transport: Transport | None = None,
     debug: bool | None = None,
 ) -> ProcessGroup:
@@ -77,7 +101,8 @@ def init_process_group(
         rank, world_size: override the environment. A simulated world of more than one
             rank needs ``transport=`` (from ``SimulatedTransport.create_group(n)``, or use
             ``ferrodist.testing.run_world``).
-        timeout: default seconds every collective, barrier and receive may wait.
+        timeout: how long every collective, barrier and receive may wait by default:
+            seconds, or a ``datetime.timedelta``.
         transport: an already connected transport for this rank.
         debug: before every collective, check that all ranks are making the same call
             (operation, shape, dtype, op, root) and raise ``CollectiveMismatch`` listing
@@ -86,8 +111,7 @@ def init_process_group(
     Returns:
         The world ``ProcessGroup``; module-level functions use it when ``group=None``.
     """
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise InvalidArgument(f"init_process_group: timeout must be a positive number of seconds, not {timeout!r}")
+    timeout = seconds(timeout, "init_process_group")
     # Simulated ranks handed in as transports are threads of one process: each thread gets
     # its own default group. A world this call builds itself belongs to the whole process.
     threaded = isinstance(transport, SimulatedTransport)
@@ -144,6 +168,8 @@ def _check_not_initialized(threaded: bool) -> None:
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Destroy ``group``, or the default group and its transport (peers waiting on this
     rank then get ``PeerLost`` at once). Queued async work finishes first, for a few seconds at most."""
+    if isinstance(group, _World):
+        group = None
     if group is not None and group is not _current():
         resolve(group)._shutdown()
         return
@@ -159,14 +185,16 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     world.transport.close()
 
 
-def new_group(ranks: Sequence[int] | None = None, *, timeout: float | None = None) -> ProcessGroup:
-    """A group of some of the world's ranks (global ranks; sorted, no duplicates).
+def new_group(ranks: Sequence[int] | None = None, *, timeout: float | timedelta | None = None) -> ProcessGroup:
+    """A group of some of the world's ranks (global ranks; sorted, no duplicates), whose
+    calls wait ``timeout`` (seconds or a ``timedelta``; default: the world's) by default.
 
     Every rank of the world must call ``new_group`` with the same ranks, in the same
     order as its other ``new_group`` calls, members and non-members alike. A non-member
     gets a group it cannot run collectives on (``is_member`` is False).
     """
     world = default_group()
+    limit = None if timeout is None else seconds(timeout, "new_group", rank=world.global_rank)
     size = world.size
     members = list(range(size)) if ranks is None else ranks
     try:
@@ -180,7 +208,7 @@ def new_group(ranks: Sequence[int] | None = None, *, timeout: float | None = Non
     bad = [r for r in chosen if not 0 <= r < size]
     if bad:
         raise InvalidRank(f"new_group: ranks {bad} are outside the world of {size} ranks (valid: 0..{size - 1})")
-    return world._derive(chosen, timeout)
+    return world._derive(chosen, limit)
 
 
 def get_rank(group: ProcessGroup | None = None) -> int:
@@ -191,3 +219,35 @@ def get_rank(group: ProcessGroup | None = None) -> int:
 def get_world_size(group: ProcessGroup | None = None) -> int:
     """The number of ranks in ``group`` (the default group if ``None``)."""
     return resolve(group).size
+
+
+def backend_name(transport: Transport) -> str:
+    """The name ``init_process_group`` knows ``transport``'s kind by (its class name for others)."""
+    # ShmTransport is a TcpTransport (it moves point-to-point bytes over TCP): test it first.
+    for kind, name in (
+        (SimulatedTransport, "simulated"),
+        (ShmTransport, "shm"),
+        (TcpTransport, "tcp"),
+        (MpiTransport, "mpi"),
+    ):
+        if isinstance(transport, kind):
+            return name
+    return type(transport).__name__
+
+
+def get_backend(group: ProcessGroup | None = None) -> str:
+    """The transport ``group`` runs over (the default group if ``None``): ``"simulated"``,
+    ``"tcp"``, ``"shm"`` or ``"mpi"``; for a transport of your own, its class name.
+
+    Example::
+
+        init_process_group("auto")   # under `ferrodist run -n 2` on one host
+        get_backend()                # "shm"
+    """
+    return backend_name(resolve(group).transport)
+
+
+def is_available() -> bool:
+    """True: the collectives are installed and usable in this process (as
+    ``torch.distributed.is_available``; the backends each need is said by ``init_process_group``)."""
+    return True

@@ -6,11 +6,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 from ferrodist.core import CollectiveTimeout, FerrodistError
 from ferrodist.transport import Request
 
 from ._record import record_failure
+from ._timeouts import seconds
 
 
 class Work:
@@ -41,10 +43,21 @@ class Work:
         """The error the operation raised, if it completed with one."""
         return self._error if self._done.is_set() else None
 
-    def wait(self, timeout: float | None = None) -> None:
-        if not self._done.wait(timeout):
+    def wait(self, timeout: float | timedelta | None = None) -> None:
+        """Block until the operation is done (at most ``timeout``: seconds or a ``timedelta``;
+        0 looks without waiting) and re-raise its error if it failed.
+
+        Raises:
+            CollectiveTimeout: still running after ``timeout`` (it goes on; wait again).
+            InvalidArgument: a negative, infinite or non-numeric ``timeout``.
+        """
+        limit = None if timeout is None else seconds(timeout, "Work.wait", zero=True)
+        self._outcome(limit)
+
+    def _outcome(self, limit: float | None) -> None:
+        if not self._done.wait(limit):
             raise CollectiveTimeout(
-                f"{self._description} is still running after wait({timeout:g} s); "
+                f"{self._description} is still running after wait({limit:g} s); "
                 "wait again, or look at the ranks it exchanges with"
             )
         if self._error is not None:
@@ -67,10 +80,11 @@ class RequestWork(Work):
     def is_completed(self) -> bool:
         return self._done.is_set() or self._request.is_completed()
 
-    def wait(self, timeout: float | None = None) -> None:
+    def wait(self, timeout: float | timedelta | None = None) -> None:
+        limit = self._default_timeout if timeout is None else seconds(timeout, "Work.wait", zero=True)
         if not self._done.is_set():
             try:
-                self._request.wait(self._default_timeout if timeout is None else timeout)
+                self._request.wait(limit)
             except FerrodistError as exc:
                 error = exc.with_context(self._context)
                 if not isinstance(exc, CollectiveTimeout):  # a timeout of wait() may be retried
@@ -78,7 +92,7 @@ class RequestWork(Work):
                 record_failure(error)
                 raise error from None
             self._finish(None)
-        super().wait(0)
+        self._outcome(0)
 
 
 class Worker:
