@@ -1,8 +1,9 @@
 """The vectorisation gate: every reduction kernel's element loop compiles to packed SIMD.
 
 Compile-only (no timing): for every (dtype, op) of the kernel table and k = 2, 4, 8 sources,
-the kernel's machine code (``inspect_asm``) must hold packed instructions on the widest
-vector registers the CPU has (ymm with AVX2, xmm otherwise). A kernel that falls back to a
+the kernel's machine code (``inspect_asm``) must hold packed instructions on wide vector
+registers: ymm or zmm where the CPU has AVX2 (LLVM picks 512-bit zmm on some AVX-512 CPUs
+and keeps 256-bit ymm on others), xmm otherwise. A kernel that falls back to a
 scalar loop (a run-time op switch, an unresolved aliasing check, an opaque call) has none,
 and fails here on any x86-64 machine, however fast or slow that machine is.
 """
@@ -23,13 +24,14 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 pytestmark = pytest.mark.skipif(not X86, reason=f"the gate reads x86-64 machine code; this CPU is {platform.machine()}")
 
 
-def _host_has_avx2() -> bool:
+def _host_has(feature: str) -> bool:
     from llvmlite import binding
 
-    return bool(binding.get_host_cpu_features().get("avx2", False))
+    return bool(binding.get_host_cpu_features().get(feature, False))
 
 
-REGISTER = "ymm" if X86 and _host_has_avx2() else "xmm"
+#: The vector registers a vectorised loop must use here (a regex alternative).
+REGISTER = "[yz]mm" if X86 and _host_has("avx2") else "xmm"
 #: Packed arithmetic (p-suffixed floating point, p-prefixed integer SIMD, conversions of
 #: packed halves) on vector registers; scalar ones (``addss``...) end in s[sd] and never
 #: match, nor do moves (a spill of a vector register is not a vectorised loop).
