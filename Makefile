@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PACKAGES := core transport collectives testing nn ddp pipeline launch gpu nccl
+PACKAGES := core transport collectives testing nn ddp pipeline launch gpu nccl torch
 STAMP := $(VENV)/.installed
 # A second NCCL release for tests/nccl/test_versions.py: the oldest the nccl extras allow.
 NCCL_OLDEST := 2.18.3

@@ -219,6 +219,14 @@ PUBLIC_API: dict[str, set[str]] = {
         "scale",
         "unpack",
     },
+    "ferrodist.torch": {
+        "BACKEND_NAME",
+        "FerrodistProcessGroup",
+        "FerrodistWork",
+        "TRANSPORTS",
+        "choose_transport",
+        "register",
+    },
     "ferrodist.nccl": {
         "DEFAULT_TIMEOUT",
         "NcclCommunicator",

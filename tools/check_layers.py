@@ -7,7 +7,8 @@ Four rules, read from the source with ``ast`` (nothing is imported):
    stay inside their package). A package or import target missing from ``ALLOWED`` is an error.
 2. Namespace: no ``packages/*/src/ferrodist/__init__.py`` (``ferrodist`` is a PEP 420 namespace).
 3. No side effects at import: the optional heavy dependencies in ``HEAVY`` are imported
-   inside the functions that need them, never when a module under ``packages/`` is imported.
+   inside the functions that need them, never when a module under ``packages/`` is imported
+   (except by a package that exists for one of them: ``REQUIRES``).
 4. Public only: a package imports no private module (``ferrodist.x._y``) of another one;
    what a sibling needs, ``ferrodist.x`` or a public module of it exports.
 
@@ -34,11 +35,16 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ddp": frozenset({"collectives", "core"}),
     "pipeline": frozenset({"collectives", "core"}),
     "launch": frozenset({"collectives", "transport", "core"}),
+    "torch": frozenset({"collectives", "transport", "core"}),
     "ferrodist": frozenset(),  # the meta-distribution ships no code of its own
 }
 
 #: Optional heavy dependencies: a module name or any of its submodules.
 HEAVY = ("torch", "mpi4py", "cuda", "numba.cuda", "numba_cuda", "cupy", "jax")
+#: package -> the heavy dependencies it is built on (a hard dependency in its pyproject.toml,
+#: nobody else's), which its modules may import at module level: ferrodist.torch subclasses
+#: torch's classes, and a user imports it only where torch is.
+REQUIRES: dict[str, tuple[str, ...]] = {"torch": ("torch",)}
 
 _SKIP_DIRS = {"__pycache__", "build", "dist"}
 
@@ -95,10 +101,11 @@ def _parse(path: Path, rel: str, errors: list[str]) -> ast.Module | None:
         return None
 
 
-def _heavy_violations(tree: ast.Module, rel: str) -> Iterator[str]:
+def _heavy_violations(tree: ast.Module, rel: str, pkg: str | None) -> Iterator[str]:
+    required = REQUIRES.get(pkg or "", ())
     for node in _import_time(tree.body):
         for name in _imported(node):
-            if _is_heavy(name):
+            if _is_heavy(name) and not any(name == r or name.startswith(r + ".") for r in required):
                 yield (
                     f"{rel}:{node.lineno}: module-level import of optional dependency {name!r}; "
                     "import it inside the function that needs it"
@@ -151,8 +158,8 @@ def check(root: Path) -> tuple[list[str], int]:
         tree = _parse(path, rel, errors)
         if tree is None:
             continue
-        errors.extend(_heavy_violations(tree, rel))
         pkg = owner.get(path)
+        errors.extend(_heavy_violations(tree, rel, pkg))
         if pkg in ALLOWED:
             errors.extend(_layer_violations(tree, rel, pkg))
     return errors, len(files)

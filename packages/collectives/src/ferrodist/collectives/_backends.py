@@ -1,12 +1,22 @@
-"""Starting a backend: from ``init_process_group``'s arguments and the environment to a transport."""
+"""Starting a backend: from ``init_process_group``'s arguments and the environment to a transport.
+
+Under torchrun, whose agent holds ``MASTER_PORT`` with its own store, the job starts
+through that store instead (``_torchrun_store``): rank 0 hosts ferrodist's store on a
+port the OS picks and publishes it there (``TcpTransport.connect(rendezvous=...)``).
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlparse
 
 from ferrodist.core import BackendUnavailable, InvalidArgument
 from ferrodist.transport import (
+    KeyValue,
     LaunchInfo,
     MpiTransport,
     ShmTransport,
@@ -16,9 +26,9 @@ from ferrodist.transport import (
     launch_info,
 )
 
-#: Backends ``init_process_group`` can start ("auto" picks one).
+#: Backends ``init_process_group`` can start ("auto" picks one; "gloo" is a name for "auto").
 BACKENDS = ("simulated", "tcp", "shm", "mpi")
-_LATER = ("nccl", "gloo")
+_log = logging.getLogger("ferrodist.collectives")
 
 
 def make_transport(
@@ -30,8 +40,17 @@ def make_transport(
         if backend in ("auto", "tcp", "shm") and init_method in (None, "env://"):
             _tell_the_others(exc)
         raise
-    if backend == "auto":
-        backend = _auto(info, rank, world_size, init_method)
+    if backend == "nccl":
+        raise BackendUnavailable(_nccl_message())
+    if backend in ("auto", "gloo"):
+        chosen = _auto(info, rank, world_size, init_method)
+        if backend == "gloo":
+            _log.info(
+                "init_process_group: backend 'gloo' runs over ferrodist's own %r transport (what 'auto' picks for "
+                "this job); ferrodist does not use Gloo",
+                chosen,
+            )
+        backend = chosen
     if backend == "simulated":
         if world_size not in (None, 1) or rank not in (None, 0):
             raise InvalidArgument(
@@ -43,15 +62,65 @@ def make_transport(
     if backend in ("tcp", "shm"):
         rank, world_size, addr, port = _where(info, rank, world_size, init_method)
         kind = ShmTransport if backend == "shm" else TcpTransport
+        if init_method in (None, "env://") and under_torchrun():
+            kv = _torchrun_store(addr, port, timeout)
+            return kind.connect(rank=rank, world_size=world_size, master_addr=addr, rendezvous=kv, timeout=timeout)
         return kind.connect(rank=rank, world_size=world_size, master_addr=addr, master_port=port, timeout=timeout)
     if backend == "mpi":
         return _mpi_transport(info, rank, world_size, timeout)
-    if backend in _LATER:
+    raise InvalidArgument(
+        f"init_process_group: unknown backend {backend!r}; available: {', '.join(BACKENDS)}, auto (and gloo, a name "
+        "for auto)"
+    )
+
+
+def _nccl_message() -> str:
+    """Where NCCL collectives come from, worded for whether ferrodist-nccl is installed
+    (looked up, not imported: collectives does not depend on it)."""
+    try:
+        installed = importlib.util.find_spec("ferrodist.nccl") is not None
+    except (ImportError, ValueError):
+        installed = False
+    start = (
+        "init_process_group: backend 'nccl' is not a transport of ferrodist.collectives: NCCL groups come from "
+        "ferrodist.nccl"
+    )
+    how = "cpu = init_process_group(); gpu = ferrodist.nccl.init_nccl(cpu)"
+    if installed:
+        return f"{start} (installed here): start a CPU group, then an NCCL group over it: {how}"
+    return f"{start}, which is not installed: pip install ferrodist-nccl, then {how}"
+
+
+def under_torchrun(env: Mapping[str, str] | None = None) -> bool:
+    """True in a worker that torchrun (torch.distributed.elastic) started with its agent's
+    store on ``MASTER_ADDR:MASTER_PORT`` (``TORCHELASTIC_USE_AGENT_STORE=True``): that port
+    is taken, and the job starts through the store there."""
+    env = os.environ if env is None else env
+    return "TORCHELASTIC_RUN_ID" in env and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def _torchrun_store(addr: str, port: int, timeout: float) -> KeyValue:
+    """A client of torchrun's agent store, its keys under this run and restart (a restarted
+    job never reads the records of the attempt before it)."""
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
         raise BackendUnavailable(
-            f"init_process_group: backend {backend!r} is not part of this ferrodist release; "
-            f"available: {', '.join(BACKENDS)} (or 'auto')"
-        )
-    raise InvalidArgument(f"init_process_group: unknown backend {backend!r}; available: {', '.join(BACKENDS)}, auto")
+            f"init_process_group: this process runs under torchrun (TORCHELASTIC_RUN_ID is set) but torch cannot be "
+            f"imported ({exc}) to reach its store at {addr}:{port}"
+        ) from None
+    from datetime import timedelta
+
+    try:
+        store: Any = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout))
+    except (RuntimeError, ValueError) as exc:
+        raise BackendUnavailable(
+            f"init_process_group: cannot reach torchrun's store at {addr}:{port} (MASTER_ADDR:MASTER_PORT): {exc}"
+        ) from None
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefixed: Any = dist.PrefixStore(f"ferrodist/{run}/attempt-{attempt}", store)
+    return prefixed
 
 
 def _tell_the_others(error: InvalidArgument) -> None:
@@ -73,8 +142,9 @@ def _tell_the_others(error: InvalidArgument) -> None:
 
 def _auto(info: LaunchInfo | None, rank: int | None, world_size: int | None, init_method: str | None) -> str:
     """mpi under mpiexec (when mpi4py is there and no master address is given), shm when the
-    launcher says every rank is on this host, tcp for any other job of several ranks, else a
-    simulated world of one."""
+    launcher says every rank is on this host (``ferrodist run``, torchrun and mpiexec say how
+    many ranks run here), tcp for any other job of several ranks, else a simulated world of
+    one."""
     size = world_size if world_size is not None else (info.world_size if info else 1)
     if info is not None and info.under_mpi and init_method is None and info.master_addr is None:
         try:

@@ -1,0 +1,110 @@
+"""Registering the backend with torch, and making a group when torch asks for one.
+
+torch calls ``create`` for every process group with backend ``"ferrodist"`` (the default
+group, ``new_group``, a ``DeviceMesh``'s dimensions), on the members only, with a store
+prefixed for that group. The group's ranks start a ferrodist transport of their own
+through that store (``rendezvous=``): rank 0 hosts ferrodist's store on a port the OS
+picks and publishes it there, so nothing else has to be agreed on.
+
+Which transport (``FERRODIST_TORCH_TRANSPORT``): ``shm`` when the launcher says every rank
+runs on this host (torchrun's and ``ferrodist run``'s ``LOCAL_WORLD_SIZE``), else ``tcp``
+(``auto``, the default); or ``shm``, ``tcp``, ``mpi`` (the world group under mpiexec).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from ferrodist.collectives import ProcessGroup
+from ferrodist.core import BackendUnavailable, InvalidArgument
+from ferrodist.transport import MpiTransport, ShmTransport, TcpTransport, Transport, launch_info
+
+from ._group import BACKEND_NAME, FerrodistProcessGroup
+
+#: The transports a torch group can run over (``FERRODIST_TORCH_TRANSPORT``).
+TRANSPORTS = ("auto", "shm", "tcp", "mpi")
+_log = logging.getLogger("ferrodist.torch")
+
+
+def register() -> None:
+    """Make ``"ferrodist"`` a backend of ``torch.distributed`` for CPU and CUDA tensors
+    (``import ferrodist.torch`` does this; calling it again changes nothing)."""
+    if BACKEND_NAME in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
+    """torch's creator (extended API): ``common`` carries the group's prefixed store, this
+    rank in the group, its size, the timeout and the group's name."""
+    rank, size = int(common.group_rank), int(common.group_size)
+    timeout = _seconds(common.timeout)
+    name = str(common.group_id)
+    members = list(common.global_ranks_in_group) or list(range(size))
+    kind = choose_transport(size, name)
+    transport = connect(kind, common.store, rank, size, timeout)
+    group = ProcessGroup(
+        transport,
+        range(size),
+        0,
+        timeout=timeout,
+        name=f"torch:{name}",
+        debug=os.environ.get("FERRODIST_DEBUG", "").lower() in ("detail", "1", "true", "yes"),
+    )
+    _log.info(
+        "torch process group %s (global ranks %s): rank %d of %d over ferrodist's %s transport",
+        name,
+        members if len(members) <= 16 else f"{members[:16]}...",
+        rank,
+        size,
+        type(transport).__name__,
+    )
+    return FerrodistProcessGroup(group, common.store, description=name)
+
+
+def choose_transport(size: int, name: str = "0") -> str:
+    """The transport a group of ``size`` ranks runs over (see the module docstring)."""
+    chosen = os.environ.get("FERRODIST_TORCH_TRANSPORT", "auto").strip().lower() or "auto"
+    if chosen not in TRANSPORTS:
+        raise InvalidArgument(
+            f"FERRODIST_TORCH_TRANSPORT={chosen!r} is not one of {', '.join(TRANSPORTS)} (group {name})"
+        )
+    if chosen != "auto":
+        return chosen
+    if size == 1:
+        return "tcp"  # nothing to share memory with
+    info = launch_info()
+    return "shm" if info is not None and info.single_host else "tcp"
+
+
+def connect(kind: str, store: Any, rank: int, size: int, timeout: float) -> Transport:
+    """This rank's transport of ``kind``, started through torch's ``store``."""
+    if kind == "mpi":
+        transport = MpiTransport(timeout=timeout)
+        if (transport.rank, transport.world_size) != (rank, size):
+            transport.close()
+            raise BackendUnavailable(
+                f"rank {rank}: FERRODIST_TORCH_TRANSPORT=mpi runs only the group of every MPI rank, in MPI's order; "
+                f"this group is rank {rank} of {size} but MPI says rank {transport.rank} of {transport.world_size}: "
+                "use shm or tcp for other groups"
+            )
+        return transport
+    cls = ShmTransport if kind == "shm" else TcpTransport
+    return cls.connect(
+        rank=rank,
+        world_size=size,
+        rendezvous=store,
+        master_addr=os.environ.get("MASTER_ADDR") or None,
+        timeout=timeout,
+    )
+
+
+def _seconds(timeout: object) -> float:
+    if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+        return timeout.total_seconds()
+    return 1800.0  # torch's own default for a process group
