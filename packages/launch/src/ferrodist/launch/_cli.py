@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 
 from ._bench import FLOOR, OPS, REFERENCES, BenchSpec, machine, startup, sweep
+from ._doctor import add_command as add_doctor_command
+from ._doctor import doctor
 from ._report import plot, table, write_json
 from ._run import DEFAULT_GRACE, run
 
@@ -64,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", default="ferrodist-bench.json", help="where to write the measurements")
     bench.add_argument("--plot", default="ferrodist-bench.png", help="where to draw busbw against size")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_doctor_command(commands)
     return parser
 
 
@@ -110,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "doctor":
+        return doctor(args)
     try:
         result = run(
             args.nprocs,
