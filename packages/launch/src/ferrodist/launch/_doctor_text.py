@@ -121,7 +121,10 @@ def _network(s: Section) -> list[str]:
 def _token(s: Section) -> str:
     if s["set"]:
         return "FERRODIST_TOKEN is set: ranks must hold the same token to join"
-    return "FERRODIST_TOKEN not set (ferrodist run makes one per job; other launchers start open jobs)"
+    return (
+        "FERRODIST_TOKEN not set here (ferrodist run makes one per job; ranks started another way without one "
+        "may admit any process that reaches their store)"
+    )
 
 
 def _auto(s: Section) -> list[str]:
