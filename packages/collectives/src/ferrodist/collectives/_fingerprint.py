@@ -69,6 +69,8 @@ def describe(value: int) -> str:
     if dtype_code:
         dtype_name = ALL_DTYPES[dtype_code - 1].name if dtype_code <= len(ALL_DTYPES) else "?"
         parts.append(f"{dtype_name} x {value & ((1 << _COUNT_BITS) - 1)}")
+    elif value & ((1 << _COUNT_BITS) - 1):  # a count without a dtype: broadcast_object_list's objects
+        parts.append(f"{value & ((1 << _COUNT_BITS) - 1)} items")
     op_code = (value >> 51) & 0xF
     if op_code:
         parts.append(f"op={ReduceOp(op_code - 1).name}" if op_code - 1 < len(ReduceOp) else "op=?")

@@ -40,19 +40,22 @@ def seconds(timeout: object, operation: str, *, rank: int | None = None, zero: b
     elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         value = float(timeout)
     else:
-        raise _refused(timeout, operation, rank, "is not a number of seconds or a datetime.timedelta")
-    if not math.isfinite(value):
-        raise _refused(timeout, operation, rank, "is not finite; every wait needs an end")
+        raise _refused(timeout, operation, rank, zero, f"not a {type(timeout).__name__}")
+    if math.isnan(value):
+        raise _refused(timeout, operation, rank, zero, "not NaN")
+    if math.isinf(value):
+        raise _refused(timeout, operation, rank, zero, "not endless: every wait needs an end")
     if value < 0 or (value == 0 and not zero):
-        least = "0 or more" if zero else "more than 0"
-        raise _refused(timeout, operation, rank, f"is {value:g} s; it must be {least}")
+        raise _refused(timeout, operation, rank, zero, f"not {value:g} s")
     return value
 
 
-def _refused(timeout: object, operation: str, rank: int | None, why: str) -> InvalidArgument:
+def _refused(timeout: object, operation: str, rank: int | None, zero: bool, why: str) -> InvalidArgument:
     where = f"rank {rank}: {operation}" if rank is not None else operation
+    kind = "a number of seconds >= 0" if zero else "a positive number of seconds"
     return InvalidArgument(
-        f"{where}: timeout={timeout!r} {why} (pass seconds, e.g. timeout=30, or datetime.timedelta(seconds=30))",
+        f"{where}: timeout must be {kind} or a datetime.timedelta, {why} (timeout={timeout!r}); "
+        "e.g. timeout=30 or timeout=datetime.timedelta(seconds=30)",
         rank=rank,
         operation=operation,
     )

@@ -21,13 +21,20 @@ __all__ = [
     "assert_reduced",
     "reduce_values",
     "ref_all_gather",
+    "ref_all_gather_into_tensor",
+    "ref_all_gather_object",
     "ref_all_reduce",
     "ref_all_to_all",
+    "ref_all_to_all_single",
     "ref_broadcast",
+    "ref_broadcast_object_list",
     "ref_gather",
+    "ref_gather_object",
     "ref_reduce",
     "ref_reduce_scatter",
+    "ref_reduce_scatter_tensor",
     "ref_scatter",
+    "ref_scatter_object_list",
     "reduction_tolerance",
 ]
 
@@ -152,3 +159,53 @@ def ref_all_to_all(inputs: Sequence[Sequence[Array]]) -> list[list[Array]]:
     """``inputs[r][j]`` is what rank r sends to rank j; rank j ends with ``[inputs[i][j] for i]``."""
     size = len(inputs)
     return [[inputs[i][j].copy() for i in range(size)] for j in range(size)]
+
+
+def ref_all_gather_into_tensor(inputs: Sequence[Array], *, stacked: bool = False) -> list[Array]:
+    """Every rank's output: the inputs concatenated along dim 0, or stacked (``(size, *shape)``)."""
+    whole = np.stack(inputs) if stacked or np.ndim(inputs[0]) == 0 else np.concatenate(inputs)
+    return [whole.copy() for _ in inputs]
+
+
+def ref_reduce_scatter_tensor(inputs: Sequence[Array], op: ReduceOp | str, *, stacked: bool = False) -> list[Array]:
+    """Rank i's output: the reduction of block i of every rank's input, the blocks being
+    consecutive equal slices along dim 0 (``stacked=False``) or the entries along dim 0."""
+    size = len(inputs)
+    if stacked:
+        blocks = [[x[i] for i in range(size)] for x in inputs]
+    else:
+        rows = np.shape(inputs[0])[0] // size
+        blocks = [[x[i * rows : (i + 1) * rows] for i in range(size)] for x in inputs]
+    return ref_reduce_scatter(blocks, op)
+
+
+def ref_all_to_all_single(inputs: Sequence[Array], input_splits: Sequence[Sequence[int]]) -> list[Array]:
+    """``inputs[i]`` is rank i's input; its first ``input_splits[i][0]`` rows go to rank 0,
+    the next ``input_splits[i][1]`` to rank 1, and so on. Rank j's output: the rows every
+    rank i sent it, in rank order."""
+    size = len(inputs)
+    parts = []
+    for i in range(size):
+        starts = np.concatenate([[0], np.cumsum(input_splits[i])]).astype(int)
+        parts.append([inputs[i][starts[j] : starts[j + 1]] for j in range(size)])
+    return [np.concatenate([parts[i][j] for i in range(size)]) for j in range(size)]
+
+
+def ref_all_gather_object(objects: Sequence[Any]) -> list[list[Any]]:
+    """Every rank's ``object_list``: every rank's object, in rank order."""
+    return [list(objects) for _ in objects]
+
+
+def ref_broadcast_object_list(object_lists: Sequence[Sequence[Any]], src: int) -> list[list[Any]]:
+    """Every rank's ``object_list``: ``src``'s."""
+    return [list(object_lists[src]) for _ in object_lists]
+
+
+def ref_gather_object(objects: Sequence[Any], dst: int) -> list[list[Any] | None]:
+    """``dst``'s ``object_gather_list``: every rank's object; None on the others."""
+    return [list(objects) if r == dst else None for r in range(len(objects))]
+
+
+def ref_scatter_object_list(inputs: Sequence[Any], src: int, world_size: int) -> list[list[Any]]:
+    """Every rank's ``scatter_object_output_list`` (of one entry): entry r of ``src``'s inputs."""
+    return [[inputs[r]] for r in range(world_size)]

@@ -13,9 +13,11 @@ from ferrodist.core import ALL_DTYPES, DType, ReduceOp, dtype
 
 __all__ = [
     "dtypes",
+    "picklable_objects",
     "reduce_ops",
     "roots",
     "shapes",
+    "split_matrices",
     "subgroups",
     "tensors",
     "world_inputs",
@@ -89,3 +91,33 @@ def roots(world_size: int) -> st.SearchStrategy[int]:
 def subgroups(world_size: int) -> st.SearchStrategy[list[int]]:
     """Non-empty sorted subsets of the world's ranks."""
     return st.lists(st.integers(0, world_size - 1), min_size=1, max_size=world_size, unique=True).map(sorted)
+
+
+def split_matrices(world_size: int, max_rows: int = 6) -> st.SearchStrategy[list[list[int]]]:
+    """Rows each rank sends each rank in an ``all_to_all_single``: ``m[i][j]`` rows from
+    rank i to rank j (zeros included), so rank i's ``input_split_sizes`` is ``m[i]`` and
+    rank j's ``output_split_sizes`` is ``[m[i][j] for i]``."""
+    row = st.lists(st.integers(0, max_rows), min_size=world_size, max_size=world_size)
+    return st.lists(row, min_size=world_size, max_size=world_size)
+
+
+def picklable_objects(max_leaves: int = 8) -> st.SearchStrategy[Any]:
+    """Python objects that pickle and compare equal after a round trip: None, bools,
+    integers of any size, finite floats, text, bytes, and lists, tuples and dicts of them."""
+    leaves = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False),
+        st.text(max_size=20),
+        st.binary(max_size=64),
+    )
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.tuples(inner, inner),
+            st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        ),
+        max_leaves=max_leaves,
+    )
