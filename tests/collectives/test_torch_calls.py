@@ -13,14 +13,21 @@ Example counts (CI profile, derandomized; FERRODIST_HYPOTHESIS_PROFILE=dev runs 
 - recv without src: 10 examples; monitored_barrier: 10 examples (with subgroups).
 async_op is drawn where the call has it. Every rank's result must equal the reference
 exactly (reductions: within ferrodist.testing's stated bound) and be the same bits on
-every rank.
+every rank. At the end, every call once more between real processes
+(tests/integration/scripts/torch_calls.py): tcp with 3 ranks, shm with 2, mpi under mpiexec.
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib.util
+import os
 import random
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -765,3 +772,33 @@ def test_every_new_operation_has_a_fingerprint_of_its_own():
     assert len(prints) == len(OPERATIONS) == 15
     for name in names:
         assert describe(fingerprint(name)) == f"{name}()"
+
+
+# -- real processes --------------------------------------------------------------------------------
+SCRIPT = Path(__file__).parents[1] / "integration" / "scripts" / "torch_calls.py"
+
+
+@pytest.mark.parametrize(("backend", "ranks"), [("tcp", 3), ("shm", 2)])
+def test_every_call_between_real_processes(backend, ranks):
+    done = subprocess.run(
+        [sys.executable, "-m", "ferrodist.launch", "run", "-n", str(ranks), str(SCRIPT), backend],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(ranks):
+        assert f"[rank {rank}] rank {rank} of {ranks}: 16 checks of torch's calls passed over {backend}" in done.stdout
+
+
+def test_every_call_under_mpiexec():
+    mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+    if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
+        if os.environ.get("FERRODIST_REQUIRE_MPI") == "1":
+            pytest.fail("mpi4py / mpiexec are missing but FERRODIST_REQUIRE_MPI=1")
+        pytest.skip("mpi4py and mpiexec are not installed (pip install 'ferrodist-transport[mpi]')")
+    command = [mpiexec, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, str(SCRIPT), "mpi"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(2):
+        assert f"rank {rank} of 2: 16 checks of torch's calls passed over mpi" in done.stdout

@@ -43,7 +43,7 @@ def pickled(obj: object) -> tuple[bytes, BaseException | None]:
 def unpickled(data: Array, source: int, check: Checker) -> Any:
     """The object pickled in ``data`` (uint8), sent by global rank ``source``."""
     try:
-        return pickle.loads(memoryview(data))
+        return pickle.loads(data.tobytes())
     except Exception as exc:  # a class this process cannot import, corrupt bytes, a failing __setstate__
         raise check.fail(
             f"the object from rank {source} cannot be unpickled here ({type(exc).__name__}: {exc}); "
