@@ -96,6 +96,20 @@ def test_the_command_exits_0_here_and_prints_every_section():
     assert done.stdout.rstrip().endswith("problems  none")
 
 
+def test_the_command_reads_the_variables_it_judges(tmp_path):
+    """As a real command: NUMBA_CACHE_DIR under a file and an interface that does not exist."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(blocker / "cache"), FERRODIST_SOCKET_IFNAME="nosuch0")
+    env.pop("MASTER_ADDR", None)
+    done = command(env=env)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
+    problems = [line for line in done.stdout.splitlines() if line.startswith("PROBLEM")]
+    assert len(problems) == 2, problems
+    assert problems[0].startswith(f"PROBLEM   NUMBA_CACHE_DIR={blocker / 'cache'} is not a writable directory")
+    assert problems[1].startswith("PROBLEM   FERRODIST_SOCKET_IFNAME='nosuch0': no IPv4 address on that interface")
+
+
 def test_the_json_holds_this_machine(capsys, clean_env):
     code, doc = doctor(capsys)
     assert code == 0 and doc["ok"] is True and doc["problems"] == [], doc["problems"]

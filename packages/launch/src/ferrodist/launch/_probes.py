@@ -9,7 +9,6 @@ deadline: see ``_children``. A probe may raise; the doctor turns that into a lin
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import platform
@@ -38,6 +37,8 @@ _REGISTER_BITS = {"x": 128, "y": 256, "z": 512}
 
 def version_of(distribution: str) -> str | None:
     """The installed version of ``distribution`` (read from its metadata, nothing imported)."""
+    import importlib.metadata  # here: `ferrodist run` imports this module and need not wait for it
+
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
