@@ -150,12 +150,16 @@ def test_output_without_a_trailing_newline_and_arguments_pass_through(tmp_path):
     assert out.getvalue() == b"[rank 0] --flag value with spaces\n"
 
 
-def start_launcher(tmp_path, body: str, *options: str, ranks: int = 2) -> tuple[subprocess.Popen[str], list[int]]:
-    """``ferrodist run`` as a process of its own, once every rank has written its pid."""
+def start_launcher(
+    tmp_path, body: str, *options: str, ranks: int = 2, setup: str = ""
+) -> tuple[subprocess.Popen[str], list[int]]:
+    """``ferrodist run`` as a process of its own, once every rank has run ``setup`` and
+    written its pid (signals sent after that find the handlers ``setup`` installed)."""
     job = script(
         tmp_path,
         "import os, signal, sys, time\n"
-        f"with open(os.path.join({str(tmp_path)!r}, 'pid' + os.environ['RANK']), 'w') as f:\n"
+        + textwrap.dedent(setup)
+        + f"with open(os.path.join({str(tmp_path)!r}, 'pid' + os.environ['RANK']), 'w') as f:\n"
         "    f.write(str(os.getpid()))\n" + textwrap.dedent(body),
     )
     launcher = subprocess.Popen(
@@ -185,7 +189,9 @@ def gone(pids: list[int], seconds: float) -> bool:
 
 
 def test_no_rank_outlives_a_launcher_killed_with_sigkill(tmp_path):
-    launcher, pids = start_launcher(tmp_path, "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n")
+    launcher, pids = start_launcher(
+        tmp_path, "time.sleep(60)\n", setup="signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    )
     launcher.kill()
     launcher.communicate(timeout=10)
     assert gone(pids, 5), "ranks outlived their launcher"
@@ -193,7 +199,9 @@ def test_no_rank_outlives_a_launcher_killed_with_sigkill(tmp_path):
 
 def test_a_rank_that_ignores_sigint_is_killed_grace_seconds_after_the_launcher_passed_it_on(tmp_path):
     launcher, pids = start_launcher(
-        tmp_path, "if os.environ['RANK'] == '1':\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)\n"
+        tmp_path,
+        "time.sleep(60)\n",
+        setup="if os.environ['RANK'] == '1':\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n",
     )
     start = time.monotonic()
     launcher.send_signal(signal.SIGINT)
@@ -207,7 +215,7 @@ def test_a_rank_that_ignores_sigint_is_killed_grace_seconds_after_the_launcher_p
 
 def test_a_second_signal_to_the_launcher_kills_the_ranks_at_once(tmp_path):
     launcher, pids = start_launcher(
-        tmp_path, "signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)\n", "--grace", "30"
+        tmp_path, "time.sleep(60)\n", "--grace", "30", setup="signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
     )
     start = time.monotonic()
     launcher.send_signal(signal.SIGINT)

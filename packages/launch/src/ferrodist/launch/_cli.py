@@ -10,21 +10,52 @@ from ._bench import FLOOR, OPS, REFERENCES, BenchSpec, machine, startup, sweep
 from ._doctor import add_command as add_doctor_command
 from ._doctor import doctor
 from ._report import plot, table, write_json
-from ._run import DEFAULT_GRACE, run
+from ._run import DEFAULT_GRACE, DEFAULT_JOIN_TIMEOUT, DEFAULT_NODES_PORT, run
+
+
+def _version() -> str:
+    """The installed ferrodist-launch's version (``unknown`` when run from a bare checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ferrodist-launch")
+    except PackageNotFoundError:
+        return "unknown (ferrodist-launch is not installed)"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ferrodist", description="ferrodist: distributed training communication")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     start = commands.add_parser(
         "run",
-        help="run a script as N ranks on this machine",
+        help="run a script as N ranks on this machine (one launcher per node for several)",
         description="Start N ranks of SCRIPT, prefix their output with [rank k], stop the job "
-        "(non-zero exit) as soon as one rank fails, and name the rank to blame. The ranks die with the launcher.",
+        "(non-zero exit) as soon as one rank fails, and name the rank to blame. The ranks die with the launcher. "
+        "For a job on several nodes, start one launcher per node with the same --nnodes, --master-addr (node 0's "
+        "address) and --master-port, its own --node-rank, and the same FERRODIST_TOKEN exported on every node.",
     )
-    start.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
-    start.add_argument("--master-addr", default="127.0.0.1", help="address of rank 0's store (default 127.0.0.1)")
-    start.add_argument("--master-port", type=int, default=None, help="port of rank 0's store (default: a free one)")
+    start.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks on this node")
+    start.add_argument("--nnodes", type=int, default=1, help="number of nodes, one launcher each (default 1)")
+    start.add_argument("--node-rank", type=int, default=0, help="this node's number, 0 to NNODES-1 (default 0)")
+    start.add_argument(
+        "--master-addr",
+        default="127.0.0.1",
+        help="node 0's address: where rank 0's store (and, with --nnodes, node 0's launcher) listens (default 127.0.0.1)",
+    )
+    start.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        help="one node: the port of rank 0's store (default: a free one); several nodes: the port node 0's "
+        f"launcher listens on for the others (default {DEFAULT_NODES_PORT}; the ranks' store gets a free one)",
+    )
+    start.add_argument(
+        "--join-timeout",
+        type=float,
+        default=DEFAULT_JOIN_TIMEOUT,
+        help=f"seconds node 0 waits for the other nodes' launchers (default {DEFAULT_JOIN_TIMEOUT:g})",
+    )
     start.add_argument(
         "--grace",
         type=float,
@@ -32,7 +63,14 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds the ranks get to stop, after a rank failed (SIGTERM) or the launcher was interrupted "
         f"(SIGINT, SIGTERM or SIGHUP, passed on), before SIGKILL (default {DEFAULT_GRACE:g})",
     )
-    start.add_argument("script", help="a .py file (run with this Python) or any command")
+    start.add_argument("--log-dir", default=None, help="also write each rank's output, unlabelled, to DIR/rank-K.log")
+    start.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="SCRIPT is a module name: run `python -m SCRIPT ARGS` (with this Python)",
+    )
+    start.add_argument("script", help="a .py file (run with this Python), a module (with -m) or any command")
     start.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     bench = commands.add_parser(
         "bench",
@@ -119,9 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run(
             args.nprocs,
             [args.script, *args.args],
+            module=args.module,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
             master_addr=args.master_addr,
             master_port=args.master_port,
             grace=args.grace,
+            join_timeout=args.join_timeout,
+            log_dir=args.log_dir,
         )
     except Exception as exc:
         # ferrodist.core (numpy, ml_dtypes) is imported only here: `ferrodist run` starts the
@@ -130,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(exc, FerrodistError):
             raise
-        print(f"ferrodist: {exc}", file=sys.stderr)
+        message = str(exc)
+        print(message if message.startswith("ferrodist") else f"ferrodist run: {message}", file=sys.stderr)
         return 2
     return result.exit_code
 

@@ -4,7 +4,8 @@ the rank to blame.
 Ranks never outlive the launcher: each one gets Linux's ``PR_SET_PDEATHSIG`` (SIGKILL), so
 the kernel kills it when the launcher dies, even of SIGKILL. SIGINT, SIGTERM and SIGHUP
 sent to the launcher go to every rank, and the ranks still running ``grace`` seconds later
-get SIGKILL. ``_verdict`` turns how the ranks ended into the summary line.
+get SIGKILL. ``_verdict`` turns how the ranks ended into the summary line, ``_output``
+labels the ranks' output, and ``_nodes`` connects the launchers of a job that spans nodes.
 """
 
 from __future__ import annotations
@@ -29,12 +30,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from ._verdict import RankEnd, diagnose, read_error
+from ._nodes import DEFAULT_JOIN_TIMEOUT, DEFAULT_SILENCE, HEARTBEAT, Hub, Member, NodeFailure, Placement
+from ._output import Console
+from ._output import pump as _pump
+from ._verdict import RankEnd, describe, diagnose, read_error, signal_name
 
-__all__ = ["DEFAULT_GRACE", "JobResult", "run"]
+__all__ = ["DEFAULT_GRACE", "DEFAULT_JOIN_TIMEOUT", "DEFAULT_NODES_PORT", "JobResult", "run"]
 
 #: Seconds between the signal that asks the ranks to stop and SIGKILL.
 DEFAULT_GRACE = 3.0
+#: Where node 0's launcher listens for the others' when ``--master-port`` is not given (torchrun's default).
+DEFAULT_NODES_PORT = 29500
+_MEMBER_EXTRA = 10.0  # a member waits this much longer than node 0 for the start: node 0 says why it failed
 _PR_SET_PDEATHSIG = 1
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -47,11 +54,14 @@ class JobResult:
         exit_code: what ``ferrodist run`` exits with: 0; the exit code of the rank the
             failure is blamed on (128 + the signal that killed it); or, when that rank was
             frozen and stopped by the launcher, the first failing rank's. 128 + the signal
-            when the launcher itself was interrupted.
+            when a launcher was interrupted; 1 when a node was lost or never arrived.
         failed_rank: the rank the failure is blamed on (the root cause), or ``None``.
-        returncodes: every rank's return code (negative: killed by that signal).
-        stopped: the ranks the launcher signalled while they were still running.
+        returncodes: the return code of every rank this launcher started, by local rank
+            (negative: killed by that signal).
+        stopped: the ranks this launcher signalled while they were still running.
         summary: the line the launcher printed (empty when every rank succeeded).
+        failed_node: in a job of several nodes, the node of the rank to blame, or the node
+            that was lost or never arrived; else ``None``.
     """
 
     exit_code: int
@@ -59,6 +69,7 @@ class JobResult:
     returncodes: tuple[int, ...]
     stopped: tuple[int, ...] = ()
     summary: str = ""
+    failed_node: int | None = None
 
 
 def free_port(host: str) -> int:
@@ -71,23 +82,39 @@ def run(
     nprocs: int,
     command: Sequence[str],
     *,
+    module: bool = False,
+    nnodes: int = 1,
+    node_rank: int = 0,
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
     grace: float = DEFAULT_GRACE,
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT,
+    log_dir: str | None = None,
     out: BinaryIO | None = None,
     extra_env: dict[str, str] | None = None,
+    silence: float = DEFAULT_SILENCE,
 ) -> JobResult:
     """Run ``command`` as ``nprocs`` ranks on this machine and wait for them.
 
     Each rank gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT``, a fresh random ``FERRODIST_TOKEN``, a job id
+    ``GROUP_RANK`` and ``NODE_RANK`` (this node), ``GROUP_WORLD_SIZE`` (``nnodes``),
+    ``MASTER_ADDR``, ``MASTER_PORT``, a ``FERRODIST_TOKEN`` (random per job), a job id
     ``FERRODIST_JOB_ID`` (shared-memory files of the job are removed at the end) and a
     ``FERRODIST_ERROR_FILE`` where ferrodist records the rank's first error; a command
-    that is a ``.py`` file runs under this Python. Every output line is prefixed with
-    ``[rank k]``. When a rank exits non-zero or dies, the others get SIGTERM, then SIGKILL
-    after ``grace`` seconds; SIGINT, SIGTERM and SIGHUP sent to the launcher (from the main
-    thread) are passed to the ranks, with SIGKILL after ``grace`` seconds too, or at once
-    on a second signal. The summary names the root cause (see ``_verdict``).
+    that is a ``.py`` file runs under this Python, and with ``module=True`` the command is
+    a module and its arguments (``python -m``). Every line, or ``\\r`` segment, a rank
+    prints is prefixed with ``[rank k]``, and with ``log_dir`` also copied as it is to
+    ``log_dir/rank-k.log``. When a rank exits non-zero or dies, the others get SIGTERM, then
+    SIGKILL after ``grace`` seconds; SIGINT, SIGTERM and SIGHUP sent to the launcher (from the
+    main thread) are passed to the ranks, with SIGKILL after ``grace`` seconds too, or at
+    once on a second signal. The summary names the root cause (see ``_verdict``).
+
+    With ``nnodes`` > 1, one launcher runs on each node (``node_rank`` 0 to ``nnodes`` - 1,
+    all with the same ``master_addr``, node 0's address, and ``master_port``, where node 0's
+    launcher listens for the others) and node ``k``'s ranks follow those of nodes ``0 .. k-1``;
+    nodes may run different numbers of ranks. Every node needs the same ``FERRODIST_TOKEN``
+    in its environment. A failure on any node, or a launcher lost, stops every node's ranks
+    (see ``_nodes``); every launcher prints the same summary and returns the same exit code.
 
     Call it from a thread that lives until it returns: the ranks die with the thread that
     started them (``PR_SET_PDEATHSIG``).
@@ -97,80 +124,191 @@ def run(
         >>> result.exit_code, result.failed_rank
         (0, None)
     """
+    _check(nprocs, command, nnodes, node_rank, grace, join_timeout)
+    argv = list(command)
+    if module:
+        argv = [sys.executable, "-u", "-m", *argv]
+    elif argv[0].endswith(".py"):
+        argv = [sys.executable, "-u", *argv]
+    if log_dir is not None:
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+        except OSError as exc:
+            raise _invalid(f"ferrodist run: --log-dir {log_dir!r}: cannot make it ({exc.strerror})") from None
+    console = Console(out if out is not None else sys.stdout.buffer)
+    token = os.environ.get("FERRODIST_TOKEN", "")
+    if nnodes > 1 and not token:
+        raise _invalid(
+            f"ferrodist run: a job of {nnodes} nodes needs the same FERRODIST_TOKEN on every node, so that its "
+            "launchers and ranks accept only each other: make one with "
+            "`export FERRODIST_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))')` and export that "
+            "value on every node before `ferrodist run`"
+        )
+    signals = _Signals()  # before the first rank starts: a signal from now on stops the job
+    link: Hub | Member | None = None
+    try:
+        if nnodes == 1:
+            placement = Placement(
+                0,
+                1,
+                0,
+                nprocs,
+                nprocs,
+                master_addr,
+                master_port or free_port(master_addr),
+                secrets.token_hex(32),
+                secrets.token_hex(6),  # names the job's shared-memory files, so they can be removed
+            )
+        else:
+            try:
+                link, placement = _join(
+                    nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence, signals.fd
+                )
+            except NodeFailure as failure:
+                console.line(failure.summary)
+                return JobResult(failure.exit_code, None, (), (), failure.summary, failure.node)
+        return _run_ranks(placement, argv, console, signals, link, grace, log_dir, extra_env)
+    finally:
+        signals.close()
+        if link is not None:
+            link.close()
+
+
+def _check(nprocs: int, command: Sequence[str], nnodes: int, node_rank: int, grace: float, join: float) -> None:
     if nprocs < 1:
         raise _invalid(f"ferrodist run: -n must be at least 1, not {nprocs}")
     if not command:
         raise _invalid("ferrodist run: give the script (or command) to run")
     if not (isinstance(grace, (int, float)) and math.isfinite(grace) and grace >= 0):
         raise _invalid(f"ferrodist run: --grace must be a number of seconds >= 0, not {grace!r}")
-    argv = list(command)
-    if argv[0].endswith(".py"):
-        argv = [sys.executable, "-u", *argv]
-    sink = out if out is not None else sys.stdout.buffer
-    port = master_port or free_port(master_addr)
-    token = secrets.token_hex(32)
-    job = secrets.token_hex(6)  # names the job's shared-memory files, so they can be removed
+    if nnodes < 1:
+        raise _invalid(f"ferrodist run: --nnodes must be at least 1, not {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        raise _invalid(
+            f"ferrodist run: --node-rank {node_rank} is not a node of a job of --nnodes {nnodes} "
+            f"(give each node's launcher one of 0 to {nnodes - 1})"
+        )
+    if not (isinstance(join, (int, float)) and math.isfinite(join) and join > 0):
+        raise _invalid(f"ferrodist run: --join-timeout must be a number of seconds > 0, not {join!r}")
+
+
+def _join(
+    nprocs: int,
+    nnodes: int,
+    node_rank: int,
+    master_addr: str,
+    master_port: int | None,
+    token: str,
+    join_timeout: float,
+    silence: float,
+    stop_fd: int,
+) -> tuple[Hub | Member, Placement]:
+    """Meet the other nodes' launchers (see ``_nodes``): this node's link and placement."""
+    port = master_port or DEFAULT_NODES_PORT
+    deadline = time.monotonic() + join_timeout
+    if node_rank == 0:
+        hub = Hub(master_addr, port, nnodes=nnodes, nprocs=nprocs, token=token, silence=silence)
+        try:
+            return hub, hub.gather(deadline, stop_fd)
+        except BaseException:
+            hub.close()
+            raise
+    member = Member(node_rank, nnodes=nnodes, nprocs=nprocs, token=token, silence=silence)
+    try:
+        return member, member.join(master_addr, port, deadline + _MEMBER_EXTRA, stop_fd)
+    except BaseException:
+        member.close()
+        raise
+
+
+def _run_ranks(
+    placement: Placement,
+    argv: list[str],
+    console: Console,
+    signals: _Signals,
+    link: Hub | Member | None,
+    grace: float,
+    log_dir: str | None,
+    extra_env: dict[str, str] | None,
+) -> JobResult:
+    """Start this node's ranks, supervise them, and return the verdict on the job."""
+    first = placement.first_rank
     errors = tempfile.mkdtemp(prefix="ferrodist-run-")
-    lock = threading.Lock()
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
+    logs: list[BinaryIO | None] = []
     setup = _die_with(os.getpid())
-    signals = _Signals()  # before the first rank starts: a signal from now on stops the job
+    watch: _Watch | None = None
     try:
-        for rank in range(nprocs):
+        for local in range(placement.local_size):
+            rank = first + local
+            logs.append(open(os.path.join(log_dir, f"rank-{rank}.log"), "wb") if log_dir is not None else None)
             env = dict(os.environ)
             env.update(extra_env or {})
             env.update(
                 RANK=str(rank),
-                WORLD_SIZE=str(nprocs),
-                LOCAL_RANK=str(rank),
-                LOCAL_WORLD_SIZE=str(nprocs),
-                MASTER_ADDR=master_addr,
-                MASTER_PORT=str(port),
-                FERRODIST_TOKEN=token,
-                FERRODIST_JOB_ID=job,
+                WORLD_SIZE=str(placement.world_size),
+                LOCAL_RANK=str(local),
+                LOCAL_WORLD_SIZE=str(placement.local_size),
+                GROUP_RANK=str(placement.node_rank),
+                NODE_RANK=str(placement.node_rank),
+                GROUP_WORLD_SIZE=str(placement.nnodes),
+                MASTER_ADDR=placement.master_addr,
+                MASTER_PORT=str(placement.master_port),
+                FERRODIST_TOKEN=placement.token,
+                FERRODIST_JOB_ID=placement.job,
                 FERRODIST_ERROR_FILE=os.path.join(errors, f"rank{rank}.json"),
                 PYTHONUNBUFFERED="1",
             )
             try:
                 procs.append(_start(argv, env, setup))
             except OSError as exc:
+                if link is not None:
+                    link.report(f"its launcher could not start {argv[0]!r} ({exc.strerror})")
                 raise _invalid(f"ferrodist run: cannot start {argv[0]!r}: {exc.strerror}") from None
-        for rank, proc in enumerate(procs):  # after the forks: no thread of ours runs during one
-            pump = threading.Thread(target=_pump, args=(proc, rank, sink, lock), daemon=True)
+        # After the forks: no thread of ours runs during one.
+        for local, proc in enumerate(procs):
+            assert proc.stdout is not None
+            pump = threading.Thread(target=_pump, args=(proc.stdout, first + local, console, logs[local]), daemon=True)
             pump.start()
             pumps.append(pump)
-        watch = _Watch(procs, signals)
-        interrupted = _supervise(watch, grace)
+        if link is not None:
+            link.start_heartbeats()
+        watch = _Watch(procs, signals, link)
+        interrupted = _supervise(watch, grace, first, console)
         ends = [
             RankEnd(
-                rank,
+                first + local,
                 -signal.SIGKILL if proc.returncode is None else int(proc.returncode),  # None: stuck in the kernel
-                watch.order(rank),
-                watch.stopped.get(rank),
-                read_error(os.path.join(errors, f"rank{rank}.json")),
+                watch.order(local),
+                watch.stopped.get(local),
+                read_error(os.path.join(errors, f"rank{first + local}.json")),
             )
-            for rank, proc in enumerate(procs)
+            for local, proc in enumerate(procs)
         ]
     finally:
-        signals.close()
         _kill_all(procs)  # nothing to do unless this failed half-way
-        remove_shared_memory(job)
+        remove_shared_memory(placement.job)
         shutil.rmtree(errors, ignore_errors=True)
+        for log in logs[len(pumps) :]:
+            if log is not None:
+                log.close()
     for pump in pumps:
         pump.join(5)
-    verdict = diagnose(ends, interrupted=interrupted)
-    if verdict.summary:
-        with lock:
-            sink.write(verdict.summary.encode() + b"\n")
-            sink.flush()
-    return JobResult(
-        verdict.exit_code,
-        verdict.culprits[0] if verdict.culprits else None,
-        tuple(end.code for end in ends),
-        tuple(sorted(watch.stopped)),
-        verdict.summary,
-    )
+    stopped = tuple(sorted(first + local for local in watch.stopped))
+    returncodes = tuple(end.code for end in ends)
+    if link is None:
+        verdict = diagnose(ends, interrupted=interrupted)
+        if verdict.summary:
+            console.line(verdict.summary)
+        return JobResult(
+            verdict.exit_code, verdict.culprits[0] if verdict.culprits else None, returncodes, stopped, verdict.summary
+        )
+    times = {first + local: at - watch.started for local, at in watch.exited_at.items()}
+    outcome = link.finish(ends, times, interrupted, signals.fd, grace + 30 + link.silence)
+    if outcome.summary:
+        console.line(outcome.summary)
+    return JobResult(outcome.exit_code, outcome.failed_rank, returncodes, stopped, outcome.summary, outcome.failed_node)
 
 
 def remove_shared_memory(job: str, directory: str = "/dev/shm") -> list[str]:
@@ -259,10 +397,15 @@ class _Watch:
     polling every 50 ms where there are none), and the signal it first sent each rank
     that was still running."""
 
-    def __init__(self, procs: list[subprocess.Popen[bytes]], signals: _Signals) -> None:
+    def __init__(
+        self, procs: list[subprocess.Popen[bytes]], signals: _Signals, link: Hub | Member | None = None
+    ) -> None:
         self.procs = procs
         self.signals = signals
+        self.link = link
+        self.started = time.monotonic()
         self.exited: list[int] = []
+        self.exited_at: dict[int, float] = {}
         self.stopped: dict[int, int] = {}
         self._pidfds: dict[int, int] = {}  # rank -> pidfd, while it runs
         for rank, proc in enumerate(procs):
@@ -290,11 +433,16 @@ class _Watch:
         if signum is None and not self._reap():
             polling = not self._pidfds and bool(self.running())
             timeout = 0.05 if polling else 1.0
+            links = self.link.fds() if self.link is not None else []
+            if self.link is not None:
+                timeout = min(timeout, HEARTBEAT)
             if deadline is not None:
                 timeout = min(timeout, max(0.0, deadline - time.monotonic()))
-            select.select([self.signals.fd, *self._pidfds.values()], [], [], timeout)
+            select.select([self.signals.fd, *self._pidfds.values(), *links], [], [], timeout)
             signum = self.signals.take()
         self._reap()
+        if self.link is not None:
+            self.link.poll()
         return signum
 
     def send(self, signum: int) -> None:
@@ -322,6 +470,7 @@ class _Watch:
         for rank, proc in enumerate(self.procs):
             if rank not in self.exited and proc.poll() is not None:
                 self.exited.append(rank)
+                self.exited_at[rank] = time.monotonic()
                 found = True
                 fd = self._pidfds.pop(rank, None)
                 if fd is not None:
@@ -335,15 +484,25 @@ class _Watch:
         self._pidfds.clear()
 
 
-def _supervise(watch: _Watch, grace: float) -> int | None:
-    """Wait for the ranks, stop them after a failure or a signal, and reap them all.
-    Returns the signal the launcher received first, if that is what stopped the job."""
+def _supervise(watch: _Watch, grace: float, first: int = 0, console: Console | None = None) -> int | None:
+    """Wait for the ranks, stop them after a failure, a signal or (several nodes) another
+    node's failure, and reap them all. Returns the signal the launcher received first, if
+    that is what stopped the job. ``first``: the global rank of local rank 0."""
     interrupted = None
+    link = watch.link
     try:
         while watch.running() and not watch.failed():
             interrupted = watch.wait(None)
-            if interrupted is not None:
+            if interrupted is not None or (link is not None and link.remote_stop is not None):
                 break
+        if link is not None:
+            if interrupted is not None:
+                link.report(f"its launcher was interrupted by {signal_name(interrupted)}", interrupted)
+            elif watch.failed():
+                local = next(r for r in watch.exited if watch.procs[r].returncode != 0)
+                link.report(f"rank {first + local} {describe(int(watch.procs[local].returncode or 0))}")
+            elif link.remote_stop is not None and watch.running() and console is not None:
+                console.line(f"ferrodist run: node {link.node} stops its ranks: {link.remote_stop}")
         # After a failure: SIGTERM; after a signal: that signal; after success: SIGTERM to
         # what the ranks left in their process groups. SIGKILL after the grace period.
         watch.send(interrupted or signal.SIGTERM)
@@ -369,13 +528,3 @@ def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
-
-
-def _pump(proc: subprocess.Popen[bytes], rank: int, sink: BinaryIO, lock: threading.Lock) -> None:
-    prefix = f"[rank {rank}] ".encode()
-    assert proc.stdout is not None
-    for line in iter(proc.stdout.readline, b""):
-        with lock:
-            sink.write(prefix + (line if line.endswith(b"\n") else line + b"\n"))
-            sink.flush()
-    proc.stdout.close()

@@ -5,12 +5,19 @@ nonce, the client answers HMAC-SHA256(token, "client" + nonce) with a nonce of i
 and the server answers HMAC-SHA256(token, "server" + client nonce). A process without
 the token (or with another job's) is refused before any data is exchanged. The token
 never appears in a message or an error.
+
+A job without a token (``FERRODIST_TOKEN`` unset, as when ranks are started by hand, by
+mpiexec or by SLURM) still runs the handshake, with an empty key that anyone can compute:
+it is open to every process that can reach its ports. The first handshake of such a
+process logs one WARNING (logger ``ferrodist.transport``) saying so and how to set a token.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
+import logging
 import os
 import socket
 import time
@@ -43,6 +50,18 @@ def job_token() -> bytes:
     return os.environ.get("FERRODIST_TOKEN", "").encode()
 
 
+@functools.cache
+def _warn_open() -> None:
+    """Log, once per process, that this job accepts anyone."""
+    logging.getLogger("ferrodist.transport").warning(
+        "ferrodist: FERRODIST_TOKEN is not set, so this job's connections are not authenticated: any process "
+        "that can reach its ports (rank 0's store at MASTER_ADDR:MASTER_PORT and every rank's own port) can join "
+        "it or send it data. Export the same secret on every rank, e.g. "
+        "FERRODIST_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))'), "
+        "or start the ranks with `ferrodist run`, which makes one per job."
+    )
+
+
 def _mac(token: bytes, role: bytes, nonce: bytes) -> bytes:
     return hmac.new(token, role + nonce, hashlib.sha256).digest()
 
@@ -55,6 +74,8 @@ def accept_handshake(
     sock: socket.socket, token: bytes, deadline: float, what: str, *, limit: float = HANDSHAKE_LIMIT
 ) -> None:
     """Server side: check the client's proof, then prove ourselves (within ``limit`` seconds)."""
+    if not token:
+        _warn_open()
     challenge = os.urandom(_NONCE)
     sock.sendall(_MAGIC + challenge)
     reply = recv_exact(sock, len(_MAGIC) + 32 + _NONCE, _short(deadline, limit), what, peer=-1)
@@ -81,6 +102,8 @@ def connect_handshake(
     stopped, and ``NotFerrodist`` says so. Running out of ``deadline`` first is a
     ``CollectiveTimeout``.
     """
+    if not token:
+        _warn_open()
     short = _short(deadline, limit)
     try:
         hello = recv_exact(sock, len(_MAGIC) + _NONCE, short, what, peer)
