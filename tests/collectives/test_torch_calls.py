@@ -346,6 +346,8 @@ def test_tensor_layouts_other_than_torchs_two_are_refused_before_anything_moves(
             dist.all_gather_into_tensor(np.empty((3, 4)), x)
         with pytest.raises(InvalidArgument, match=r"input has shape \(18,\).* must be \(6, 3\) or \(3, 2, 3\)"):
             dist.reduce_scatter_tensor(np.empty((2, 3)), np.ones(18))
+        with pytest.raises(InvalidArgument, match=r"all_gather_into_tensor: output_tensor is int64 but input_tensor"):
+            dist.all_gather_into_tensor(np.empty((6, 3), np.int64), x)
         out = np.empty((6, 3))
         dist.all_gather_into_tensor(out, x * dist.get_rank())
         return out[::2, 0]

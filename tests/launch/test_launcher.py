@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -299,3 +300,78 @@ def test_grace_must_be_a_number_of_seconds(tmp_path):
     with pytest.raises(InvalidArgument, match="--grace"):
         run(1, ["x.py"], grace=-1)
     assert main(["run", "-n", "1", "--grace", "nan", str(tmp_path / "x.py")]) == 2
+
+
+def test_dash_m_runs_a_module_with_its_arguments(tmp_path):
+    package = tmp_path / "pkg_helperc"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text("import os, sys\nprint('module', __name__, os.environ['RANK'], *sys.argv[1:])\n")
+    out = io.BytesIO()
+    result = run(2, ["pkg_helperc.train", "--lr", "0.1"], module=True, out=out, extra_env={"PYTHONPATH": str(tmp_path)})
+    assert result.exit_code == 0, out.getvalue()
+    assert sorted(out.getvalue().decode().splitlines()) == [
+        "[rank 0] module __main__ 0 --lr 0.1",
+        "[rank 1] module __main__ 1 --lr 0.1",
+    ]
+
+
+def test_log_dir_gets_each_ranks_output_unlabelled(tmp_path):
+    job = script(tmp_path, "import os\nprint('hello from', os.environ['RANK'])\nprint('\\rbar', end='')\n")
+    logs = tmp_path / "logs" / "deeper"
+    out = io.BytesIO()
+    assert run(3, [job], out=out, log_dir=str(logs)).exit_code == 0
+    assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log", "rank-2.log"]
+    for rank in range(3):
+        assert (logs / f"rank-{rank}.log").read_bytes() == f"hello from {rank}\n\rbar".encode()
+        assert f"[rank {rank}] hello from {rank}\n".encode() in out.getvalue()
+
+
+def test_a_log_dir_that_cannot_be_made_is_a_clear_error(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["run", "-n", "1", "--log-dir", str(blocker / "logs"), str(tmp_path / "x.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ferrodist run: --log-dir '{blocker / 'logs'}': cannot make it"), err
+
+
+def test_a_progress_bar_shows_live_through_the_launcher(tmp_path):
+    go = tmp_path / "go"
+    job = script(
+        tmp_path,
+        f"""
+        import os, sys, time
+        sys.stdout.write("\\r 10%")
+        sys.stdout.flush()
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.02)
+        sys.stdout.write("\\r100%\\n")
+        """,
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "ferrodist.launch", "run", "-n", "1", job], stdout=subprocess.PIPE
+    )
+    assert launcher.stdout is not None
+    seen = b""
+    give_up = time.monotonic() + 30
+    while b"10%" not in seen and time.monotonic() < give_up:
+        if select.select([launcher.stdout], [], [], 0.5)[0]:
+            seen += os.read(launcher.stdout.fileno(), 100)
+    go.write_text("")  # the rank is still waiting for this: what we saw came before any newline
+    rest = launcher.communicate(timeout=30)[0]
+    assert seen == b"\r[rank 0]  10%"
+    assert rest == b"\r[rank 0] 100%\n" and launcher.returncode == 0
+
+
+def test_version_comes_from_the_installed_package():
+    from importlib.metadata import version
+
+    done = subprocess.run(
+        [sys.executable, "-m", "ferrodist.launch", "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0 and done.stdout == f"ferrodist {version('ferrodist-launch')}\n"
+
+
+def test_errors_carry_one_prefix(tmp_path, capsys):
+    assert main(["run", "-n", "0", str(tmp_path / "x.py")]) == 2
+    assert capsys.readouterr().err == "ferrodist run: -n must be at least 1, not 0\n"

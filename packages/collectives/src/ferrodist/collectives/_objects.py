@@ -59,10 +59,10 @@ def exchange_sizes(call: Call, sizes: Array) -> int | None:
     return None if (sizes < 0).any() else int(sizes.max())
 
 
-def padded(payload: bytes, width: int, rows: int = 1) -> Array:
-    """A uint8 array of ``rows`` rows of ``width`` bytes, the first holding ``payload``."""
-    out = np.zeros((rows, width), np.uint8)
-    out[0, : len(payload)] = np.frombuffer(payload, np.uint8)
+def padded(payload: bytes, width: int) -> Array:
+    """``payload`` as a uint8 array of ``width`` bytes, zeros after it."""
+    out = np.zeros(width, np.uint8)
+    out[: len(payload)] = np.frombuffer(payload, np.uint8)
     return out
 
 
@@ -196,7 +196,7 @@ class ObjectCollectives:
             width = exchange_sizes(call, sizes)
             if width is None:
                 return
-            mine = padded(data, width)[0]
+            mine = padded(data, width)
             rows = np.zeros((call.size, width), np.uint8) if call.rank == root else None
             _direct.gather(call, mine, list(rows) if rows is not None else None, root)
             found.append(rows if rows is not None else mine)

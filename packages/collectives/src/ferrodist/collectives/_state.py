@@ -56,6 +56,8 @@ class _World:
     default group's (``group.WORLD.size``, ``group.WORLD.all_reduce(x)``)."""
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle, inspect probing for hooks: not the group's
+            raise AttributeError(name)
         return getattr(default_group(), name)
 
     def __repr__(self) -> str:

@@ -41,6 +41,8 @@ def layouts(part: Tensor, size: int) -> tuple[tuple[int, ...], ...]:
 
 
 def check_layout(check: Checker, whole: Tensor, part: Tensor, size: int, whole_name: str, part_name: str) -> None:
+    if whole.dtype is not part.dtype:
+        raise check.fail(f"{whole_name} is {whole.dtype.name} but {part_name} is {part.dtype.name}; use one dtype")
     allowed = layouts(part, size)
     if whole.shape not in allowed:
         forms = " or ".join(str(s) for s in allowed)

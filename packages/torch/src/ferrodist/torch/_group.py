@@ -52,10 +52,26 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._completer = Completer(f"ferrodist-torch-{description}-futures")
         self._calls = 0
         self._closed = False
+        self._group_name = description
+        self._group_desc = "undefined"
 
     # -- identity -------------------------------------------------------------------------------
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    # torch names a group after it is made (``_set_group_name``); a Python group keeps the
+    # name itself (torch's own keeps it in its C++ backends, which this group has none of)
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, description: str) -> None:
+        self._group_desc = description
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
 
     def __repr__(self) -> str:
         group = self.ferrodist_group
