@@ -35,6 +35,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "bool_",
         "check_op",
         "device",
+        "device_pointer",
         "dtype",
         "float16",
         "float32",

@@ -52,12 +52,17 @@ def test_property_cases_in_real_processes(backend, ranks, chunk, monkeypatch):
     assert ferrodist_files() <= before  # nothing left in /dev/shm
 
 
-@pytest.mark.parametrize(("backend", "ranks"), [("tcp", 2), ("shm", 3)], ids=["tcp-2", "shm-3"])
-def test_device_tensor_cases_in_real_processes(backend, ranks, monkeypatch):
+@pytest.mark.parametrize(
+    ("backend", "ranks", "segment"), [("tcp", 2, None), ("shm", 3, 64)], ids=["tcp-2", "shm-3-small-segments"]
+)
+def test_device_tensor_cases_in_real_processes(backend, ranks, segment, monkeypatch):
     """Host-staged GPU collectives between real processes, on the CUDA simulator: every
-    collective x dtype (x op) of the planned property cases, plus device isend/irecv."""
+    collective x dtype (x op) of the planned property cases, plus device isend/irecv.
+    With 64-byte segments every case runs many parts through the shared-memory pipelines."""
     pytest.importorskip("ferrodist.gpu")
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    if segment:
+        monkeypatch.setenv("FERRODIST_GPU_SEGMENT_BYTES", str(segment))
     done = ferrodist_run("-n", str(ranks), str(SCRIPTS / "gpu_properties.py"), str(CASES), backend)
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(ranks):

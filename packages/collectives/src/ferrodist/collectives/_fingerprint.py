@@ -38,6 +38,8 @@ OPERATIONS = (
 _OPERATION_CODE = {name: code for code, name in enumerate(OPERATIONS, start=1)}
 _DTYPE_CODE = {dt.name: code for code, dt in enumerate(ALL_DTYPES, start=1)}
 _COUNT_BITS = 40
+#: The element count's bits of a fingerprint.
+COUNT_MASK = (1 << _COUNT_BITS) - 1
 _ROOT_LIMIT = 2047
 
 
@@ -56,7 +58,7 @@ def fingerprint(
         value |= (op.value + 1) << 51
     if root is not None:
         value |= min(root + 1, _ROOT_LIMIT) << 40
-    return value | (count & ((1 << _COUNT_BITS) - 1))
+    return value | (count & COUNT_MASK)
 
 
 def describe(value: int) -> str:
@@ -68,9 +70,9 @@ def describe(value: int) -> str:
     dtype_code = (value >> 55) & 0x1F
     if dtype_code:
         dtype_name = ALL_DTYPES[dtype_code - 1].name if dtype_code <= len(ALL_DTYPES) else "?"
-        parts.append(f"{dtype_name} x {value & ((1 << _COUNT_BITS) - 1)}")
-    elif value & ((1 << _COUNT_BITS) - 1):  # a count without a dtype: broadcast_object_list's objects
-        parts.append(f"{value & ((1 << _COUNT_BITS) - 1)} items")
+        parts.append(f"{dtype_name} x {value & COUNT_MASK}")
+    elif value & COUNT_MASK:  # a count without a dtype: broadcast_object_list's objects
+        parts.append(f"{value & COUNT_MASK} items")
     op_code = (value >> 51) & 0xF
     if op_code:
         parts.append(f"op={ReduceOp(op_code - 1).name}" if op_code - 1 < len(ReduceOp) else "op=?")

@@ -28,6 +28,7 @@ from . import _device, _direct, _doubling, _native, _ring, _tree
 from ._call import Call
 from ._checks import Checker, flats, split_equally, wire_dtype
 from ._fingerprint import fingerprint
+from ._host import HostCollectives
 from ._monitor import MonitoredBarrier
 from ._objects import ObjectCollectives
 from ._p2p import PointToPoint
@@ -64,6 +65,8 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         # The transport's own collectives for these ranks (MPI's, the shm arena's), or None.
         # Every rank of the world builds every group, so this may be a collective call.
         self._native: Any = transport.native_collectives(tuple(ranks), group_id)
+        # The same CPU route, for device engines that stage through host memory.
+        self._host = HostCollectives(self._native)
         self._ranks = tuple(ranks)
         self._group_id = group_id
         self._timeout = float(timeout)
@@ -250,7 +253,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         if dev is not None:
             return self._runner.launch(
                 "all_reduce",
-                lambda call: dev.all_reduce(call, x, t.dtype, reduce_op, divisor, wire),
+                lambda call: dev.all_reduce(call, x, t.dtype, reduce_op, divisor, wire, self._host),
                 fp,
                 async_op=async_op,
                 timeout=timeout,
@@ -303,7 +306,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             self._remember(("broadcast", tensor.dtype, t.numel, src), (t.dtype, root, fp), tensor)
         return self._runner.launch(
             "broadcast",
-            (lambda call: dev.broadcast(call, x, root))
+            (lambda call: dev.broadcast(call, x, root, t.dtype, self._host))
             if dev
             else (lambda call: native.broadcast(x, root, t.dtype, call.deadline, call.fingerprint, call.seq))
             if native
@@ -342,7 +345,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         dev, native = self._route("reduce", [t], reduce_op)
         return self._runner.launch(
             "reduce",
-            (lambda call: dev.reduce(call, x, root, t.dtype, reduce_op, divisor))
+            (lambda call: dev.reduce(call, x, root, t.dtype, reduce_op, divisor, self._host))
             if dev
             else (lambda call: native.reduce(x, root, t.dtype, reduce_op, call.deadline, call.fingerprint, call.seq))
             if native
@@ -385,7 +388,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
 
         def body(call: Call) -> None:
             if dev:
-                dev.all_gather(call, x, blocks)
+                dev.all_gather(call, x, blocks, t.dtype, self._host)
                 return
             if native:
                 _native.all_gather(native, call, x, blocks, t.dtype)
@@ -441,7 +444,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
 
         def body(call: Call) -> None:
             if dev:
-                dev.reduce_scatter(call, out, blocks, out_t.dtype, reduce_op, divisor)
+                dev.reduce_scatter(call, out, blocks, out_t.dtype, reduce_op, divisor, self._host)
             elif call.size == 1:
                 out[...] = blocks[0]
             elif native:
@@ -588,5 +591,6 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         self._destroyed = True
         self._runner.stop(timeout)
         native, self._native = self._native, None
+        self._host = HostCollectives(None)
         if native is not None:
             native.free()

@@ -1,6 +1,7 @@
 """ferrodist.core: the tensor type, dtypes, reduce ops, errors and reduction kernels
 that every other ferrodist package builds on."""
 
+from ._cuda import device_pointer
 from ._device import Device, device
 from ._dtypes import (
     ALL_DTYPES,
@@ -65,6 +66,7 @@ __all__ = [
     "bool_",
     "check_op",
     "device",
+    "device_pointer",
     "dtype",
     "float16",
     "float32",

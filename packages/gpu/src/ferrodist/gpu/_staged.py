@@ -1,17 +1,21 @@
-"""Collectives on CUDA tensors, staged through small host buffers and reduced on the GPU.
+"""Collectives on CUDA tensors, staged through pinned host memory and the group's CPU collectives.
 
 A ``ProcessGroup`` checks the arguments, fingerprints the call and keeps its deadline;
-for CUDA tensors it hands this engine the call and flat device arrays. The engine moves
-data in *segments* of at most ``segment_bytes`` per message: a chunk is copied from the
-device into a reusable (pinned) host buffer, sent over the group's transport, received
-into another host buffer, copied to a device scratch chunk and folded into the tensor
-by a device kernel. Only chunks cross PCIe; no host copy of the whole tensor is made
-(gather, scatter and all_to_all stage whole blocks: every byte there has one source and
-one destination anyway).
+for CUDA tensors it hands this engine the call, flat device arrays and its CPU route
+(``HostCollectives``). all_reduce, broadcast, reduce, all_gather and reduce_scatter copy
+the tensor to pinned host buffers, run the CPU collective there (the shared-memory
+pipelines, MPI's, or our ring and tree algorithms: whatever a numpy array of that size
+would take) and copy the result back:
 
-Algorithms: ring all_reduce and reduce_scatter, binomial-tree broadcast and reduce, ring
-all_gather, direct gather/scatter/all_to_all. Every chunk of an all_reduce is reduced by
-one rank and copied to the others, so all ranks end with the same bits.
+- a tensor up to ``segment_bytes`` (4 MiB) goes whole: one copy down, one CPU collective,
+  one copy up;
+- a larger one goes in segments through three host buffers, so that while the CPU
+  collective runs on segment k, segment k+1 is being copied down and segment k-1 up.
+
+Copies are raw asynchronous driver copies on the engine's own streams (``_copies``), by
+address: no device-array views are made per call. Every rank ends with the same bits, as
+the CPU collective gives. gather, scatter, all_to_all and point-to-point stage whole
+blocks (every byte there has one source and one destination anyway).
 """
 
 from __future__ import annotations
@@ -19,20 +23,23 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ferrodist.core import DType, InvalidArgument, ReduceOp, bfloat16, float32
+from ferrodist.core import DType, InvalidArgument, ReduceOp, bfloat16, device_pointer, float32
 
-from . import _cuda_kernels
+from . import _copies, _cuda_kernels
 
 __all__ = ["StagedEngine", "StagingStats", "engine"]
 
-#: Default largest message of a staged collective (``FERRODIST_GPU_SEGMENT_BYTES`` overrides).
+#: Default largest segment of a staged collective (``FERRODIST_GPU_SEGMENT_BYTES`` overrides).
 SEGMENT_BYTES = 4 << 20
+#: Host buffers a pipelined collective rotates through: one being copied down, one in the
+#: CPU collective, one being copied up.
+SLOTS = 3
 
 
 @dataclass
@@ -60,6 +67,12 @@ def _cuda() -> Any:
     return cuda
 
 
+def _simulated() -> bool:
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
+
+
 class _Kernels:
     """The device kernels, one launch at a time under the simulator (its kernel context is
     process-global, so ranks running as threads must not launch concurrently there)."""
@@ -68,9 +81,7 @@ class _Kernels:
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(_cuda_kernels, name)
-        from numba import config
-
-        if not config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
+        if not _simulated():
             return fn
 
         def serialised(*args: Any, **kwargs: Any) -> Any:
@@ -82,22 +93,34 @@ class _Kernels:
 
 kernels = _Kernels()
 
+Step = Callable[[int, int], None]
+
+
+def parts(n: int, per: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` windows of at most ``per`` of ``n`` elements; one (empty) window
+    for ``n == 0``, so that every rank still takes part in the call."""
+    return [(start, min(n, start + per)) for start in range(0, n, per)] or [(0, 0)]
+
 
 class StagedEngine:
-    """Runs collectives on CUDA device arrays through host staging buffers.
+    """Runs collectives on CUDA device arrays through pinned host buffers.
 
-    ``segment_bytes`` bounds every staged message and every host buffer (except for
-    gather, scatter, all_to_all and point-to-point, which stage whole blocks).
+    ``segment_bytes`` bounds every host buffer of all_reduce, broadcast, reduce,
+    all_gather and reduce_scatter (gather, scatter, all_to_all and point-to-point stage
+    whole blocks). ``driver`` is the CUDA driver the copies go through: None for
+    cuda-python's (the simulator's stand-in under ``NUMBA_ENABLE_CUDASIM=1``), or an object
+    with the same functions (tests); a thread uses the one set when it first stages.
     """
 
-    def __init__(self, segment_bytes: int = SEGMENT_BYTES) -> None:
+    def __init__(self, segment_bytes: int = SEGMENT_BYTES, *, driver: Any = None) -> None:
         if segment_bytes < 64:
             raise InvalidArgument(f"segment_bytes={segment_bytes} is too small; use at least 64")
         self.segment_bytes = segment_bytes
         self.stats = StagingStats()
+        self.driver = driver
         self._local = threading.local()
 
-    # -- buffers ---------------------------------------------------------------------------
+    # -- buffers and copies ----------------------------------------------------------------
     def _buffer(self, kind: str, slot: int, count: int, dtype: np.dtype[Any]) -> Any:
         """A per-thread reusable buffer (host: pinned; device: scratch) of ``count`` items."""
         pool: dict[tuple[str, int], Any] = self._local.__dict__.setdefault("pool", {})
@@ -118,6 +141,173 @@ class StagedEngine:
     def _scratch(self, slot: int, count: int, dtype: np.dtype[Any]) -> Any:
         return self._buffer("device", slot, count, dtype)
 
+    def _copies(self) -> _copies.Copies:
+        """This thread's streams and events (made on its first staged call)."""
+        copies: _copies.Copies | None = self._local.__dict__.get("copies")
+        if copies is None:
+            cu = self.driver
+            if cu is None:
+                if _simulated():
+                    cu = _copies.SIMULATED
+                else:
+                    _cuda().current_context()  # the driver calls below need a context in this thread
+                    cu = _copies.driver()
+            copies = self._local.copies = _copies.Copies(cu, SLOTS)
+        return copies
+
+    def host_bytes(self) -> int:
+        """Bytes of host staging buffers the calling thread holds."""
+        pool: dict[tuple[str, int], Any] = self._local.__dict__.get("pool", {})
+        return sum(buf.nbytes for (kind, _), buf in pool.items() if kind == "host")
+
+    def _run(self, call: Any, count: int, down: Step | None, work: Step, up: Step | None) -> None:
+        """Run ``work(k, slot)`` (the CPU collective on host buffer ``slot``) for parts
+        ``k = 0 .. count-1``. ``down(k, slot)`` queues part k's copies into the buffer,
+        ``up(k, slot)`` its copies back; either may be None (a rank that only sends or only
+        receives). While part k is worked on, part k+1 is copied down and part k-1 up."""
+        copies = self._copies()
+        rank, deadline = call.ranks[call.rank], call.deadline
+        if down is not None:
+            down(0, 0)
+            copies.downed(0)
+        for k in range(count):
+            slot = k % SLOTS
+            if down is not None and k + 1 < count:
+                following = (k + 1) % SLOTS
+                if k + 1 >= SLOTS:
+                    copies.down_after_up(following)  # its last part is on its way up
+                down(k + 1, following)
+                copies.downed(following)
+            if down is not None:
+                copies.wait_down(slot, deadline, rank)
+            elif up is not None and k >= SLOTS:
+                copies.wait_up(slot, deadline, rank)  # part k - SLOTS left this buffer
+            work(k, slot)
+            if up is not None:
+                up(k, slot)
+                copies.upped(slot)
+        if up is not None:
+            copies.wait_up((count - 1) % SLOTS, deadline, rank)  # one stream: the last covers all
+
+    def _elementwise(self, call: Any, x: Any, dt: DType, work: Callable[[Any], None], down: bool, up: bool) -> None:
+        """Stage ``x`` part by part for a collective that works element by element
+        (all_reduce, broadcast, reduce): ``work(host part)`` runs the CPU collective."""
+        itemsize = x.dtype.itemsize
+        windows = parts(x.shape[0], max(1, self.segment_bytes // itemsize))
+        width = windows[0][1] - windows[0][0]
+        views = [self._host(s, width, dt.numpy) for s in range(min(SLOTS, len(windows)))]
+        addresses = [v.ctypes.data for v in views]
+        base = device_pointer(x) if x.shape[0] else 0
+        copies = self._copies()
+
+        def to_host(k: int, slot: int) -> None:
+            start, stop = windows[k]
+            copies.down(addresses[slot], base + start * itemsize, (stop - start) * itemsize)
+            self.stats.add(to_host=(stop - start) * itemsize)
+
+        def run(k: int, slot: int) -> None:
+            start, stop = windows[k]
+            work(views[slot][: stop - start])
+
+        def to_device(k: int, slot: int) -> None:
+            start, stop = windows[k]
+            copies.up(base + start * itemsize, addresses[slot], (stop - start) * itemsize)
+            self.stats.add(to_device=(stop - start) * itemsize)
+
+        self._run(call, len(windows), to_host if down else None, run, to_device if up else None)
+
+    # -- all_reduce, broadcast, reduce -------------------------------------------------------
+    def all_reduce(self, call: Any, x: Any, dt: DType, op: ReduceOp, divisor: float, wire: DType, host: Any) -> None:
+        """all_reduce of the device array ``x``; ``wire=bfloat16`` for a float32 ``x``
+        reduces a bfloat16 copy made on the device (half the staged bytes)."""
+        if call.size == 1:
+            return  # AVG over one rank is the tensor itself
+        if wire is dt:
+            self._elementwise(call, x, dt, lambda part: host.all_reduce(call, part, dt, op), True, True)
+            return
+        if dt is not float32 or wire is not bfloat16:  # ProcessGroup checked this already
+            raise InvalidArgument(f"all_reduce: cannot compress {dt.name} to {wire.name}")
+        bits = self._scratch(1, x.shape[0], np.dtype(np.uint16))
+        kernels.cast(bits, bfloat16, x, float32)
+        self._elementwise(call, bits, bfloat16, lambda part: host.all_reduce(call, part, bfloat16, op), True, True)
+        kernels.cast(x, float32, bits, bfloat16)
+
+    def broadcast(self, call: Any, x: Any, root: int, dt: DType, host: Any) -> None:
+        mine = call.rank == root
+        self._elementwise(call, x, dt, lambda part: host.broadcast(call, part, root, dt), mine, not mine)
+
+    def reduce(self, call: Any, x: Any, root: int, dt: DType, op: ReduceOp, divisor: float, host: Any) -> None:
+        """Reduce into the root's ``x``; other ranks' ``x`` is left as it was."""
+        mine = call.rank == root
+        self._elementwise(call, x, dt, lambda part: host.reduce(call, part, root, dt, op), True, mine)
+
+    # -- all_gather and reduce_scatter -----------------------------------------------------
+    def _blocked(
+        self, call: Any, n: int, dt: DType, gather: bool, single: Any, blocks: Sequence[Any], work: Callable[..., None]
+    ) -> None:
+        """Stage a collective between one array of ``n`` elements per rank (``single``) and
+        ``size`` blocks of ``n`` (``blocks``): all_gather copies ``single`` down and the
+        blocks up, reduce_scatter the other way. Each host buffer holds one part of
+        ``single`` then the same part of every block."""
+        p = call.size
+        itemsize = dt.itemsize
+        windows = parts(n, max(1, self.segment_bytes // (itemsize * p)))
+        width = windows[0][1] - windows[0][0]
+        views = [self._host(s, (p + 1) * width, dt.numpy) for s in range(min(SLOTS, len(windows)))]
+        addresses = [v.ctypes.data for v in views]
+        base = device_pointer(single) if n else 0
+        block_bases = [device_pointer(b) if n else 0 for b in blocks]
+        copies = self._copies()
+
+        def one(k: int, slot: int, to_host: bool) -> None:
+            start, stop = windows[k]
+            nbytes = (stop - start) * itemsize
+            if to_host:
+                copies.down(addresses[slot], base + start * itemsize, nbytes)
+                self.stats.add(to_host=nbytes)
+            else:
+                copies.up(base + start * itemsize, addresses[slot], nbytes)
+                self.stats.add(to_device=nbytes)
+
+        def every(k: int, slot: int, to_host: bool) -> None:
+            start, stop = windows[k]
+            nbytes = (stop - start) * itemsize
+            for j, block in enumerate(block_bases):
+                at = addresses[slot] + (1 + j) * nbytes
+                if to_host:
+                    copies.down(at, block + start * itemsize, nbytes)
+                else:
+                    copies.up(block + start * itemsize, at, nbytes)
+            self.stats.add(**{"to_host" if to_host else "to_device": p * nbytes})
+
+        def run(k: int, slot: int) -> None:
+            m = windows[k][1] - windows[k][0]
+            view = views[slot]
+            work(view[:m], view[m : (p + 1) * m])
+
+        if gather:
+            self._run(call, len(windows), lambda k, s: one(k, s, True), run, lambda k, s: every(k, s, False))
+        else:
+            self._run(call, len(windows), lambda k, s: every(k, s, True), run, lambda k, s: one(k, s, False))
+
+    def all_gather(self, call: Any, x: Any, blocks: Sequence[Any], dt: DType, host: Any) -> None:
+        self._blocked(call, x.shape[0], dt, True, x, blocks, lambda mine, every: host.all_gather(call, mine, every, dt))
+
+    def reduce_scatter(
+        self, call: Any, out: Any, blocks: Sequence[Any], dt: DType, op: ReduceOp, divisor: float, host: Any
+    ) -> None:
+        """``out`` = reduction over ranks of their ``blocks[rank]``; ``blocks`` are not modified."""
+        self._blocked(
+            call,
+            out.shape[0],
+            dt,
+            False,
+            out,
+            blocks,
+            lambda mine, every: host.reduce_scatter(call, mine, every, dt, op),
+        )
+
+    # -- whole blocks through Numba's copies --------------------------------------------------
     def _down(self, src: Any, host: Any) -> Any:
         """Copy device ``src`` into the first elements of ``host``; return that view."""
         view = host[: src.shape[0]]
@@ -130,151 +320,6 @@ class StagedEngine:
         if host.shape[0]:
             dst.copy_to_device(host)
             self.stats.add(to_device=host.nbytes)
-
-    def _chunk(self, itemsize: int, n: int, parts: int = 1) -> int:
-        """Elements per staged message: a segment's worth, or less for a small tensor."""
-        return max(1, min(self.segment_bytes // itemsize, -(-n // parts)))
-
-    def host_bytes(self) -> int:
-        """Bytes of host staging buffers the calling thread holds."""
-        pool: dict[tuple[str, int], Any] = self._local.__dict__.get("pool", {})
-        return sum(buf.nbytes for (kind, _), buf in pool.items() if kind == "host")
-
-    def _segments(self, n: int, itemsize: int, parts: int) -> list[tuple[int, int]]:
-        """Windows of ``x`` whose ``parts`` chunks each fit in one segment."""
-        window = max(1, self.segment_bytes // itemsize) * parts
-        return [(start, min(n, start + window)) for start in range(0, n, window)]
-
-    # -- all_reduce ------------------------------------------------------------------------
-    def all_reduce(self, call: Any, x: Any, dt: DType, op: ReduceOp, divisor: float, wire: DType) -> None:
-        """Ring all_reduce of the device array ``x``; ``wire=bfloat16`` for a float32 ``x``
-        reduces a bfloat16 copy made on the device (half the staged bytes)."""
-        if wire is dt:
-            self._ring_all_reduce(call, x, dt, op)
-            return
-        if dt is not float32 or wire is not bfloat16:  # ProcessGroup checked this already
-            raise InvalidArgument(f"all_reduce: cannot compress {dt.name} to {wire.name}")
-        bits = self._scratch(1, x.shape[0], np.dtype(np.uint16))
-        kernels.cast(bits, bfloat16, x, float32)
-        self._ring_all_reduce(call, bits, bfloat16, op)
-        kernels.cast(x, float32, bits, bfloat16)
-
-    def _ring_all_reduce(self, call: Any, x: Any, dt: DType, op: ReduceOp) -> None:
-        p, r = call.size, call.rank
-        if p == 1:
-            return  # AVG over one rank is the tensor itself
-        right, left = (r + 1) % p, (r - 1) % p
-        chunk = self._chunk(dt.itemsize, x.shape[0], p)
-        send, recv = self._host(0, chunk, x.dtype), self._host(1, chunk, x.dtype)
-        incoming = self._scratch(0, chunk, x.dtype)
-        for start, stop in self._segments(x.shape[0], dt.itemsize, p):
-            win = x[start:stop]
-            bounds = [(stop - start) * i // p for i in range(p + 1)]
-            for step in range(p - 1):
-                give, take = (r - step) % p, (r - step - 1) % p
-                target = win[bounds[take] : bounds[take + 1]]
-                got = recv[: target.shape[0]]
-                call.exchange(self._down(win[bounds[give] : bounds[give + 1]], send), right, got, left)
-                self._up(got, incoming[: got.shape[0]])
-                if got.shape[0]:
-                    kernels.reduce_into(target, incoming[: got.shape[0]], dt, op)
-                    if op is ReduceOp.AVG and step == p - 2:
-                        kernels.scale(target, dt, p, divide=True)
-            for step in range(p - 1):
-                give, take = (r + 1 - step) % p, (r - step) % p
-                target = win[bounds[take] : bounds[take + 1]]
-                got = recv[: target.shape[0]]
-                call.exchange(self._down(win[bounds[give] : bounds[give + 1]], send), right, got, left)
-                self._up(got, target)
-
-    # -- broadcast and reduce (binomial tree) ----------------------------------------------
-    def broadcast(self, call: Any, x: Any, root: int) -> None:
-        call.agree()  # every rank checks that its neighbour names the same root
-        parent, children = _tree(call.size, root, call.rank)
-        chunk = self._chunk(x.dtype.itemsize, x.shape[0])
-        host = self._host(0, chunk, x.dtype)
-        for start, stop in self._segments(x.shape[0], x.dtype.itemsize, 1):
-            seg = x[start:stop]
-            if parent is None:
-                staged = self._down(seg, host)
-            else:
-                staged = host[: stop - start]
-                call.recv(staged, parent)
-            call.wait_all([call.isend(staged, child) for child in children])
-            if parent is not None:
-                self._up(staged, seg)
-
-    def reduce(self, call: Any, x: Any, root: int, dt: DType, op: ReduceOp, divisor: float) -> None:
-        """Tree reduce into the root's ``x``; other ranks' ``x`` is left as it was."""
-        call.agree()
-        parent, children = _tree(call.size, root, call.rank)
-        chunk = self._chunk(x.dtype.itemsize, x.shape[0])
-        host = self._host(0, chunk, x.dtype)
-        incoming = self._scratch(0, chunk, x.dtype)
-        for start, stop in self._segments(x.shape[0], dt.itemsize, 1):
-            seg = x[start:stop]
-            acc = seg
-            if parent is not None:
-                acc = self._scratch(2, chunk, x.dtype)[: stop - start]
-                if acc.shape[0]:
-                    acc.copy_to_device(seg)
-            for child in reversed(children):  # the smallest subtree finishes first
-                got = host[: stop - start]
-                call.recv(got, child)
-                self._up(got, incoming[: got.shape[0]])
-                if got.shape[0]:
-                    kernels.reduce_into(acc, incoming[: got.shape[0]], dt, op)
-            if parent is not None:
-                call.send(self._down(acc, host), parent)
-            elif op is ReduceOp.AVG and call.size > 1 and acc.shape[0]:
-                kernels.scale(acc, dt, call.size, divide=True)
-
-    # -- all_gather and reduce_scatter (ring) ----------------------------------------------
-    def all_gather(self, call: Any, x: Any, blocks: Sequence[Any]) -> None:
-        p, r = call.size, call.rank
-        right, left = (r + 1) % p, (r - 1) % p
-        chunk = self._chunk(x.dtype.itemsize, x.shape[0])
-        for start, stop in self._segments(x.shape[0], x.dtype.itemsize, 1):
-            m = stop - start
-            staged = self._host(0, chunk * p, x.dtype)
-            parts = [staged[k * chunk : k * chunk + m] for k in range(p)]
-            self._down(x[start:stop], parts[r])
-            for step in range(p - 1):
-                give, take = (r - step) % p, (r - step - 1) % p
-                call.exchange(parts[give], right, parts[take], left)
-            for k in range(p):
-                if k != r:
-                    self._up(parts[k], blocks[k][start:stop])
-                elif m and blocks[k][start:stop] is not x:
-                    blocks[k][start:stop].copy_to_device(x[start:stop])
-
-    def reduce_scatter(
-        self, call: Any, out: Any, blocks: Sequence[Any], dt: DType, op: ReduceOp, divisor: float
-    ) -> None:
-        """``out`` = reduction over ranks of their ``blocks[rank]``; ``blocks`` are not modified."""
-        p, r = call.size, call.rank
-        right, left = (r + 1) % p, (r - 1) % p
-        chunk = self._chunk(out.dtype.itemsize, out.shape[0])
-        send, recv = self._host(0, chunk, out.dtype), self._host(1, chunk, out.dtype)
-        incoming = self._scratch(0, chunk, out.dtype)
-        partial = self._scratch(1, chunk, out.dtype)
-        for start, stop in self._segments(out.shape[0], dt.itemsize, 1):
-            m = stop - start
-            if p == 1:
-                out[start:stop].copy_to_device(blocks[0][start:stop])
-                continue
-            outgoing = self._down(blocks[(r - 1) % p][start:stop], send)
-            for step in range(p - 1):
-                last = step == p - 2
-                call.exchange(outgoing, right, recv[:m], left)
-                self._up(recv[:m], incoming[:m])
-                target = out[start:stop] if last else partial[:m]
-                target.copy_to_device(blocks[(r - step - 2) % p][start:stop])
-                kernels.reduce_into(target, incoming[:m], dt, op)
-                if last and op is ReduceOp.AVG:
-                    kernels.scale(target, dt, p, divide=True)
-                if not last:
-                    outgoing = self._down(target, send)
 
     # -- direct: every byte has one source and one destination -----------------------------
     def gather(self, call: Any, x: Any, blocks: Sequence[Any] | None, root: int) -> None:
@@ -346,19 +391,6 @@ class _Staged:
 
     def is_completed(self) -> bool:
         return bool(self._request.is_completed())
-
-
-def _tree(size: int, root: int, rank: int) -> tuple[int | None, list[int]]:
-    """Binomial tree rooted at ``root``: ``(parent, children)``, children largest subtree first."""
-    v = (rank - root) % size
-    low = v & -v if v else 1 << size.bit_length()
-    parent = None if v == 0 else ((v - low) + root) % size
-    children = []
-    step = 1
-    while step < low and v + step < size:
-        children.append((v + step + root) % size)
-        step <<= 1
-    return parent, children[::-1]
 
 
 @functools.cache

@@ -73,7 +73,7 @@ class Floor(Ferrodist):
     def __init__(self) -> None:
         super().__init__("tcp")
 
-    def op(self, name: str, count: int, dtype: str) -> Callable[[], None]:
+    def op(self, name: str, count: int, dtype: str) -> Callable[[], object]:
         n = self.size
         x, y = _array(count, dtype), _array(count, dtype)
         if name == "all_reduce":
