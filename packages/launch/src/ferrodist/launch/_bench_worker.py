@@ -73,15 +73,26 @@ class Floor(Ferrodist):
     def __init__(self) -> None:
         super().__init__("tcp")
 
-    def op(self, name: str, count: int, dtype: str) -> Callable[[], object]:
+    def op(self, name: str, count: int, dtype: str) -> Callable[[], None]:
         n = self.size
         x, y = _array(count, dtype), _array(count, dtype)
+
+        def add() -> None:
+            np.add(x, y, out=x)
+
+        def copy() -> None:
+            np.copyto(x, y)
+
         if name == "all_reduce":
-            return lambda: np.add(x, y, out=x)
+            return add
         if name in ("broadcast", "all_gather"):
-            return lambda: np.copyto(x, y)
+            return copy
         blocks, out = x.reshape(n, count // n), _array(count // n, dtype)
-        return lambda: np.add.reduce(blocks, axis=0, out=out)
+
+        def fold() -> None:
+            np.add.reduce(blocks, axis=0, out=out)
+
+        return fold
 
 
 class Gloo(_Library):
