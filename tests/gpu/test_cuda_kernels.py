@@ -11,8 +11,9 @@ choice; NaN must stay NaN).
 
 Example counts (CI profile): reduce_into 4 per (dtype, op) pair (83 pairs); scale 6 per
 (dtype, multiply/divide); AVG as reduce-then-scale 6 per dtype; float32 -> half narrowing
-30 per half type (64 random float32 bit patterns each, with their ties); pack/unpack
-roundtrip 30; launch_config 300.
+30 per half type (64 random float32 bit patterns each, with their ties); the wide
+(8-byte) kernels against the CPU kernels at offsets 0..3, 12 per wide dtype for reductions
+and 12 per half type for casts; pack/unpack roundtrip 30; launch_config 300.
 """
 
 from __future__ import annotations
@@ -194,6 +195,91 @@ def test_avg_is_a_sum_of_received_chunks_then_one_division(cuda, dt, data, world
         expected = reference(expected, chunk, dt, ReduceOp.SUM)
     kernels.scale(acc_device, dt, world, divide=True, threads=32, max_blocks=2)
     assert_same(to_host(acc_device, dt), scaled(expected, dt, world, True), dt)
+
+
+# --- wide loads ----------------------------------------------------------------------------
+
+WIDE = [dtype(name) for name in ("float16", "bfloat16", "float32")]
+
+
+def _at(cuda, values: np.ndarray, offset: int):
+    """A device view of ``values`` starting ``offset`` elements into a larger array, so its
+    address is aligned to 8 bytes only for some offsets."""
+    bits = values.view(np.uint16) if values.dtype.itemsize == 2 else values
+    padded = np.zeros(bits.size + offset, bits.dtype)
+    padded[offset:] = bits
+    return cuda.to_device(padded)[offset:]
+
+
+@pytest.mark.parametrize("dt", WIDE, ids=lambda d: d.name)
+@settings(max_examples=examples(12))
+@given(
+    data=st.data(),
+    n=st.integers(0, 21),
+    offset=st.integers(0, 3),
+    op=st.sampled_from([ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]),
+    grid=GRIDS,
+)
+def test_wide_and_narrow_reductions_give_the_same_bits(cuda, dt, data, n, offset, op, grid):
+    """Four halves or two float32 per 8-byte load where the memory is aligned, element by
+    element elsewhere, the last 1 to 3 elements by the first threads: the CPU kernels'
+    bits either way (views at offsets 0..3 take both paths)."""
+    a, b = data.draw(host_values(dt, n)), data.draw(host_values(dt, n))
+    dst, src = _at(cuda, a, offset), _at(cuda, b, (offset + n) % 4)
+    kernels.reduce_into(dst, src, dt, op, **grid)
+    on_cpu = a.copy()
+    reducer(dt, op)(on_cpu, [a, b], 1.0)
+    assert_same_bits(to_host(dst, dt), on_cpu)
+
+
+@pytest.mark.parametrize("name", HALVES)
+@settings(max_examples=examples(12))
+@given(patterns=st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=21), offset=st.integers(0, 3), grid=GRIDS)
+def test_wide_and_narrow_casts_give_the_same_bits(cuda, name, patterns, offset, grid):
+    dt = dtype(name)
+    values = np.array(patterns, np.uint32).view(np.float32)
+    narrow = _at(cuda, np.zeros(values.size, np.uint16), offset)
+    kernels.cast(narrow, dt, _at(cuda, values, (offset + 1) % 4), "float32", **grid)
+    expected = np.empty(values.size, np.uint16)
+    (_kernels.f32_to_f16 if name == "float16" else _kernels.f32_to_bf16)(expected, values)
+    np.testing.assert_array_equal(narrow.copy_to_host(), expected)
+    wide = _at(cuda, np.zeros(values.size, np.float32), (offset + 2) % 4)
+    kernels.cast(wide, "float32", narrow, dt, **grid)
+    back = np.empty(values.size, np.float32)
+    (_kernels.f16_to_f32 if name == "float16" else _kernels.bf16_to_f32)(back, expected)
+    np.testing.assert_array_equal(wide.copy_to_host().view(np.uint32), back.view(np.uint32))
+
+
+def test_aligned_arrays_take_the_wide_kernels(cuda, monkeypatch):
+    """Aligned arrays of at least a word go through the wide kernels; an odd offset, a
+    dtype without a wide kernel and a tensor shorter than a word do not."""
+    launched = []
+    real = kernels._launch
+
+    def spy(kernel, n, *args):
+        launched.append(kernel.py_func.__name__ if hasattr(kernel, "py_func") else kernel.__name__)
+        return real(kernel, n, *args)
+
+    monkeypatch.setattr(kernels, "_launch", spy)
+    halves = cuda.to_device(np.zeros(9, np.uint16))
+    kernels.reduce_into(halves, cuda.to_device(np.zeros(9, np.uint16)), "bfloat16", "sum")
+    kernels.reduce_into(halves[1:], cuda.to_device(np.zeros(8, np.uint16)), "bfloat16", "sum")
+    kernels.reduce_into(halves[:3], cuda.to_device(np.zeros(3, np.uint16)), "float16", "max")
+    floats = cuda.to_device(np.zeros(5, np.float32))
+    kernels.reduce_into(floats, cuda.to_device(np.ones(5, np.float32)), "float32", "sum")
+    kernels.reduce_into(cuda.to_device(np.zeros(4, np.int32)), cuda.to_device(np.ones(4, np.int32)), "int32", "sum")
+    kernels.cast(halves[:8], "bfloat16", cuda.to_device(np.ones(8, np.float32)), "float32")
+    kernels.cast(cuda.to_device(np.ones(8, np.float32)), "float32", halves[:8], "bfloat16")
+    assert launched == [
+        "reduce_half_x4",
+        "reduce_half",
+        "reduce_half",
+        "reduce_f32x2",
+        "reduce_plain",
+        "narrow_x2",
+        "widen_x2",
+    ]
+    np.testing.assert_array_equal(floats.copy_to_host(), np.ones(5, np.float32))
 
 
 # --- casts ---------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ferrodist.core import DType, InvalidArgument, ReduceOp, check_op, dtype
+from ferrodist.core import DType, InvalidArgument, ReduceOp, check_op, device_pointer, dtype
 from ferrodist.core.kernels import BAND, BF16, BOR, BXOR, F16, MAX, MIN, PRODUCT, SUM, plan
 
 if TYPE_CHECKING:
@@ -156,7 +156,14 @@ def _halves() -> dict[str, Any]:
             out = (mag + ((15 - 127) << 23) + 0xFFF + ((mag >> 13) & 1)) >> 13
         return np.uint16(out | sign)
 
-    return {"bf16_load": bf16_load, "bf16_store": bf16_store, "f16_load": f16_load, "f16_store": f16_store}
+    return {
+        "bits_of": bits_of,
+        "float_of": float_of,
+        "bf16_load": bf16_load,
+        "bf16_store": bf16_store,
+        "f16_load": f16_load,
+        "f16_store": f16_store,
+    }
 
 
 @functools.cache
@@ -243,6 +250,51 @@ def _reduce_kernel(kind: str, opcode: int) -> Any:
 
 
 @functools.cache
+def _wide_reduce_kernel(kind: str, opcode: int) -> Any:
+    """:func:`_reduce_kernel` reading and writing 8 bytes at a time: four float16/bfloat16
+    or two float32 per load (``dst64``/``src64``: the same memory as uint64). The elements
+    past the last whole word (fewer than a word's worth) are done by the first threads
+    through ``dst``/``src``. Each element is combined exactly as the narrow kernel does."""
+    from numba import uint64
+
+    combine = _combine(opcode)
+    bits_of, float_of = _halves()["bits_of"], _halves()["float_of"]
+    if kind == "float32":
+
+        def reduce_f32x2(dst64, src64, dst, src):  # type: ignore[no-untyped-def]
+            start = cuda.grid(1)
+            for i in range(start, dst64.shape[0], cuda.gridsize(1)):
+                a, b = dst64[i], src64[i]
+                low = combine(float_of(a & uint64(0xFFFFFFFF)), float_of(b & uint64(0xFFFFFFFF)))
+                high = combine(float_of(a >> uint64(32)), float_of(b >> uint64(32)))
+                dst64[i] = uint64(bits_of(low)) | (uint64(bits_of(high)) << uint64(32))
+            tail = dst64.shape[0] * 2 + start
+            if tail < dst.shape[0]:
+                dst[tail] = combine(dst[tail], src[tail])
+
+        return _kernel(reduce_f32x2)
+
+    prefix = "f16" if kind == "float16" else "bf16"
+    load, store = _halves()[f"{prefix}_load"], _halves()[f"{prefix}_store"]
+
+    def reduce_half_x4(dst64, src64, dst, src):  # type: ignore[no-untyped-def]
+        start = cuda.grid(1)
+        for i in range(start, dst64.shape[0], cuda.gridsize(1)):
+            a, b = dst64[i], src64[i]
+            out = uint64(0)
+            for k in range(4):
+                shift = uint64(16 * k)
+                low_a, low_b = (a >> shift) & uint64(0xFFFF), (b >> shift) & uint64(0xFFFF)
+                out |= uint64(store(combine(load(low_a), load(low_b)))) << shift
+            dst64[i] = out
+        tail = dst64.shape[0] * 4 + start
+        if tail < dst.shape[0]:
+            dst[tail] = store(combine(load(dst[tail]), load(src[tail])))
+
+    return _kernel(reduce_half_x4)
+
+
+@functools.cache
 def _scale_kernel(kind: str, opcode: int) -> Any:
     """``dst[i] = dst[i] * factor`` (or ``/``), in float64 for float64 and float32 otherwise."""
     combine = _combine(opcode)
@@ -288,6 +340,46 @@ def _cast_kernel(src_name: str, dst_name: str) -> Any:
     return _kernel(cast_kernel)
 
 
+@functools.cache
+def _wide_cast_kernel(src_name: str, dst_name: str) -> Any:
+    """:func:`_cast_kernel` two elements at a time: two float32 as one uint64 and two
+    halves as one uint32 (``dst2``/``src2``); the last odd element through ``dst``/``src``."""
+    from numba import uint32, uint64
+
+    half = src_name if src_name in _HALVES else dst_name
+    prefix = "f16" if half == "float16" else "bf16"
+    functions = _halves()
+    load, store = functions[f"{prefix}_load"], functions[f"{prefix}_store"]
+    bits_of, float_of = functions["bits_of"], functions["float_of"]
+    if src_name == half:
+
+        def widen_x2(dst2, src2, dst, src):  # type: ignore[no-untyped-def]
+            start = cuda.grid(1)
+            for i in range(start, dst2.shape[0], cuda.gridsize(1)):
+                pair = src2[i]
+                low = uint64(bits_of(load(pair & uint32(0xFFFF))))
+                high = uint64(bits_of(load(pair >> uint32(16))))
+                dst2[i] = low | (high << uint64(32))
+            tail = dst2.shape[0] * 2 + start
+            if tail < dst.shape[0]:
+                dst[tail] = load(src[tail])
+
+        return _kernel(widen_x2)
+
+    def narrow_x2(dst2, src2, dst, src):  # type: ignore[no-untyped-def]
+        start = cuda.grid(1)
+        for i in range(start, dst2.shape[0], cuda.gridsize(1)):
+            pair = src2[i]
+            low = uint32(store(float_of(pair & uint64(0xFFFFFFFF))))
+            high = uint32(store(float_of(pair >> uint64(32))))
+            dst2[i] = low | (high << uint32(16))
+        tail = dst2.shape[0] * 2 + start
+        if tail < dst.shape[0]:
+            dst[tail] = store(src[tail])
+
+    return _kernel(narrow_x2)
+
+
 # ---------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------
@@ -323,6 +415,25 @@ def _storage(array: Any, dt: DType, what: str, operation: str) -> Any:
     if dt.name == "bool":
         return flat.view(np.uint8)
     return flat
+
+
+def _words(flat: Any, per: int, word: type) -> Any:
+    """The leading whole words of ``flat`` (``per`` elements each) as a ``word`` array over
+    the same memory, or None when there is no whole word or the memory is not aligned to
+    one (a view at an odd offset): the wide kernels then are not used."""
+    count = flat.shape[0] // per
+    size = np.dtype(word).itemsize
+    if count == 0 or device_pointer(flat) % size:
+        return None
+    return flat[: count * per].view(word)
+
+
+def _launch_wide(
+    kernel: Any, n: int, words: int, per: int, stream: Any, threads: int, max_blocks: int, *args: Any
+) -> None:
+    """Launch a wide kernel over ``words`` words, with at least as many threads as the
+    elements past the last word (the first threads do those)."""
+    _launch(kernel, max(words, n - words * per), stream, threads, max_blocks, *args)
 
 
 def _same_size(dst: Any, src: Any, operation: str) -> None:
@@ -380,8 +491,18 @@ def reduce_into(
     inp = _storage(src, dt, "the source", operation)
     _same_size(out, inp, operation)
     kind, _, opcode = plan(dt, op)  # core's one table: AVG folds as SUM, bool's ops as OR/AND
-    kernel = _reduce_kernel({BF16: "bfloat16", F16: "float16"}.get(kind, "plain"), opcode)
-    _launch(kernel, out.size, stream, threads, max_blocks, out, inp)
+    name = {BF16: "bfloat16", F16: "float16"}.get(kind, "plain")
+    wide = name if name != "plain" else "float32" if dt.name == "float32" else None
+    if wide is not None:  # 8-byte loads: four halves or two float32 per load
+        per = 4 if wide != "float32" else 2
+        words_out, words_in = _words(out, per, np.uint64), _words(inp, per, np.uint64)
+        if words_out is not None and words_in is not None:
+            kernel = _wide_reduce_kernel(wide, opcode)
+            _launch_wide(
+                kernel, out.size, words_out.size, per, stream, threads, max_blocks, words_out, words_in, out, inp
+            )
+            return
+    _launch(_reduce_kernel(name, opcode), out.size, stream, threads, max_blocks, out, inp)
 
 
 def scale(
@@ -476,4 +597,10 @@ def cast(
     out = _storage(dst, to, "the destination", operation)
     inp = _storage(src, frm, "the source", operation)
     _same_size(out, inp, operation)
+    out_word, in_word = (np.uint32, np.uint64) if frm.name == "float32" else (np.uint64, np.uint32)
+    pairs_out, pairs_in = _words(out, 2, out_word), _words(inp, 2, in_word)
+    if pairs_out is not None and pairs_in is not None:  # two elements per load and per store
+        kernel = _wide_cast_kernel(frm.name, to.name)
+        _launch_wide(kernel, out.size, pairs_out.size, 2, stream, threads, max_blocks, pairs_out, pairs_in, out, inp)
+        return
     _launch(_cast_kernel(frm.name, to.name), out.size, stream, threads, max_blocks, out, inp)
