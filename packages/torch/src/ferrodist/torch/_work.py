@@ -8,10 +8,19 @@ order they run and completes each future with the call's output tensors, or with
 error. Point-to-point calls do not finish in issue order, so each of their futures gets
 a thread of its own. Whoever sees a call finish first (a ``wait``, the completer, an
 ``is_completed``) copies staged results back, once.
+
+A failed call must fail its future in C++, where DDP's reducer reads it: Python's
+``Future.set_exception`` only stores the exception as the future's *value* (torch's C++
+then takes that value for the result and DDP's reducer crashed on it with SIGSEGV). So the
+future handed out is ``trigger.then(outcome)``: the trigger is completed with ``None`` and
+``outcome`` returns the output tensors or raises the call's error, which torch records as
+the future's error (``RuntimeError: Got the following error when running the callback:
+PeerLost: ...``; ``Work.wait`` raises the ferrodist class itself).
 """
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 from collections.abc import Callable
@@ -73,6 +82,7 @@ class FerrodistWork(dist._Work):  # type: ignore[misc, name-defined]
         self._settled = inner is None
         self._error = error
         self._future: torch.futures.Future[Any] | None = None
+        self._trigger: torch.futures.Future[Any] | None = None
 
     def _settle(self, timeout: float | None) -> None:
         """Wait (``timeout`` seconds at most; ``None``: the call's own deadline) for the call
@@ -137,7 +147,8 @@ class FerrodistWork(dist._Work):  # type: ignore[misc, name-defined]
             future = self._future
             if future is not None:
                 return future
-            future = self._future = torch.futures.Future()
+            trigger = self._trigger = torch.futures.Future()
+            future = self._future = trigger.then(self._outcome)
         if self._settled or (self._inner is not None and self._inner.is_completed()):
             self._resolve()
         elif self._completer is not None:
@@ -147,14 +158,24 @@ class FerrodistWork(dist._Work):  # type: ignore[misc, name-defined]
         return future
 
     def _resolve(self) -> None:
-        future = self._future
-        assert future is not None
+        """Finish the call (waiting for it) and complete the future's trigger with its
+        error, or ``None``."""
+        trigger = self._trigger
+        assert trigger is not None
+        failure: BaseException | None = None
         try:
             self._settle(None)
         except BaseException as exc:
-            future.set_exception(exc)
-        else:
-            future.set_result(self._result)
+            failure = exc
+        trigger.set_result(failure)
+
+    def _outcome(self, trigger: torch.futures.Future[Any]) -> list[torch.Tensor]:
+        """The future's value: the output tensors, or the call's error raised."""
+        failure = trigger.value()
+        if failure is not None:
+            # torch puts the traceback in the future's message: leave the worker's frames out
+            raise _bare(failure)
+        return self._result
 
     def __repr__(self) -> str:
         state = "running" if not self._settled else ("failed" if self._error is not None else "done")
@@ -192,3 +213,12 @@ class Completer:
         if thread is not None:
             self._queue.put(None)
             thread.join(timeout)
+
+
+def _bare(error: BaseException) -> BaseException:
+    """A copy of ``error`` without its traceback (``error`` itself if it cannot be copied)."""
+    try:
+        clone = copy.copy(error)
+    except Exception:
+        return error
+    return clone.with_traceback(None)

@@ -1,0 +1,162 @@
+"""The "ferrodist" torch.distributed backend in real processes under torchrun (2 ranks on
+this host): every collective against numpy references, torch's DDP against the same over
+Gloo (bit-equal), torch.distributed.pipelining against one process, and failures (a rank
+killed, sizes that disagree, a rank that skips a call, a rank killed during DDP's backward)
+each raising the right error on every survivor within its deadline.
+
+The scripts in scripts/ say what each run does; each rank's output is read from its own
+file (torchrun ``--log-dir --redirects 3``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+SCRIPTS = Path(__file__).parent / "scripts"
+#: The longest one torchrun job may take (each takes a few seconds here).
+JOB_LIMIT = 240
+#: Variables of an enclosing job that must not reach torchrun's workers.
+_PLACE = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FERRODIST_TOKEN")
+
+
+def torchrun(
+    tmp_path: Path, script: str, *args: str, transport: str = "auto", options: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run ``scripts/<script> ARGS`` under torchrun with 2 ranks on this host; the job and
+    each rank's standard output (torchrun's own output when a rank wrote nothing)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _PLACE and not k.startswith(("OMPI_", "PMI", "SLURM_", "TORCHELASTIC_"))
+    }
+    env.update(FERRODIST_TORCH_TRANSPORT=transport, PYTHONUNBUFFERED="1")
+    logs = tmp_path / "logs"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        str(logs),
+        "--redirects",
+        "3",
+        *options,
+        str(SCRIPTS / script),
+        *args,
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=JOB_LIMIT, cwd=tmp_path)
+    outputs = []
+    for rank in range(2):
+        found = sorted(logs.glob(f"*/attempt_0/{rank}/stdout.log"))
+        outputs.append(found[-1].read_text() if found else "")
+    return done, outputs
+
+
+def explain(done: subprocess.CompletedProcess[str], outputs: list[str]) -> str:
+    ranks = "\n".join(f"--- rank {r} ---\n{out}" for r, out in enumerate(outputs))
+    return f"torchrun exited {done.returncode}\n{ranks}\n--- torchrun ---\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_every_collective_matches_the_numpy_references(tmp_path, transport):
+    done, outputs = torchrun(tmp_path, "collectives.py", transport=transport)
+    assert done.returncode == 0, explain(done, outputs)
+    name = {"shm": "ShmTransport", "tcp": "TcpTransport"}[transport]
+    for rank, out in enumerate(outputs):
+        found = re.search(rf"rank {rank} of 2: (\d+) cases passed over {name}", out)
+        assert found is not None, explain(done, outputs)
+        assert int(found.group(1)) >= 150  # every dtype x op, the copies, all_to_all, p2p, forms
+
+
+def test_torch_ddp_over_ferrodist_equals_torch_ddp_over_gloo(tmp_path):
+    done, outputs = torchrun(tmp_path, "ddp.py", "4")
+    assert done.returncode == 0, explain(done, outputs)
+    configs = ("default", "small-buckets", "grad-views", "unused-params", "fp16-hook", "no-sync")
+    for rank, out in enumerate(outputs):
+        for config in configs:
+            line = f"rank {rank}: ddp {config}: max |ferrodist - gloo| = 0 (bit-equal: True)"
+            assert line in out, explain(done, outputs)
+            assert f"rank {rank}: ddp {config}: parameters agree across ranks" in out, explain(done, outputs)
+
+
+def test_torch_pipelining_over_ferrodist_equals_one_process(tmp_path):
+    done, outputs = torchrun(tmp_path, "pipelining.py", "4")
+    assert done.returncode == 0, explain(done, outputs)
+    pattern = r"rank {rank}: pipelining {name}: max \|pipeline - one process\| = (\S+) over 4 steps \((.*)\)"
+    for rank, out in enumerate(outputs):
+        for name in ("GPipe", "1F1B", "interleaved-1F1B"):
+            found = re.search(pattern.format(rank=rank, name=re.escape(name)), out)
+            assert found is not None, explain(done, outputs)
+            assert float(found.group(1)) <= 1e-5, found.group(0)  # float32, the same operations
+            if rank == 1:  # the last stage has the losses
+                first, last, diff = re.fullmatch(
+                    r"losses (\S+) \.\. (\S+), max \|diff\| (\S+)", found.group(2)
+                ).groups()
+                assert float(diff) <= 1e-5, found.group(0)
+                assert float(last) < float(first), found.group(0)  # it trained
+
+
+# -- failures -------------------------------------------------------------------------------------------
+
+#: mode: (the survivors, their error class, what its message says, its deadline in seconds);
+#: the message's {rank} is the survivor, {other} the other rank, {mine}/{theirs} their sizes
+FAULTS = {
+    "kill": ([0], "PeerLost", r"rank {rank}: all_reduce #1 on group torch:0 .*rank {other}", 60.0),
+    "mismatch": (
+        [0, 1],
+        "CollectiveMismatch",
+        r"rank {rank}: all_reduce #1 on group torch:0 .*rank {other} is in all_reduce\(float32 x {theirs}, op=SUM\) "
+        r"while this rank is in all_reduce\(float32 x {mine}, op=SUM\)",
+        60.0,
+    ),
+    "skip": (
+        [0],
+        "CollectiveTimeout",
+        r"rank {rank}: all_reduce #1 on group torch:0 .*rank {other} never reached",
+        3.0,
+    ),
+    # torch's C++ reducer waits for DDP's all_reduces; a failed future reaches Python as its
+    # RuntimeError, naming ferrodist's error
+    "ddp-kill": ([0], "RuntimeError", r"PeerLost: rank {rank}: all_reduce #\d+ on group torch:0 .*rank {other}", 60.0),
+}
+#: A failure seen at once (a peer gone, a mismatch) raises within this many seconds, far
+#: inside its deadline; a timeout raises within its deadline plus this slack (ferrodist
+#: states 1 s; a loaded 2-core machine gets more).
+AT_ONCE, SLACK = 10.0, 3.0
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("mode", list(FAULTS))
+def test_a_failure_raises_the_right_error_on_every_survivor(tmp_path, mode, transport):
+    survivors, cls, message, deadline = FAULTS[mode]
+    done, outputs = torchrun(tmp_path, "faults.py", mode, str(tmp_path), transport=transport)
+    assert done.returncode != 0, explain(done, outputs)
+    for rank in survivors:
+        path = tmp_path / f"error{rank}.json"
+        assert path.exists(), f"rank {rank} recorded no error\n" + explain(done, outputs)
+        error = json.loads(path.read_text())
+        assert error["class"] == cls, error
+        sizes = {"mine": 20 if rank == 1 else 10, "theirs": 10 if rank == 1 else 20}
+        assert re.search(message.format(rank=rank, other=1 - rank, **sizes), error["message"], re.S), error
+        if mode == "skip":
+            assert deadline - 0.1 <= error["seconds"] <= deadline + SLACK, error
+            assert error["waiting_for"] == [1], error
+        else:
+            assert error["seconds"] <= AT_ONCE, error
+        if mode in ("kill", "mismatch"):
+            assert error["peer"] == 1 - rank, error
+        # the failed call aborted the group: the next call says so at once
+        after = error["after"]
+        assert after is not None and after["class"] == "GroupAborted", error
+        assert after["seconds"] <= AT_ONCE, after
