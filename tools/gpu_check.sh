@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: install ferrodist without network on a CUDA machine that already has numba,
 # numba-cuda, cuda-python (cuda-bindings) and an NCCL wheel, then run the gpu-marked tests
-# and the kernel tests on the real device, and the staged all_reduce against Gloo.
+# and the kernel tests on the real device, then the all_reduce and kernel benchmarks
+# (bench/gpu/all_reduce.py: ferrodist, its floor and Gloo in one table; bench/gpu/kernels.py).
 #
 #   tools/gpu_check.sh [WHEELS_DIR]        (run from the repository root)
 #
@@ -65,9 +66,10 @@ echo "== tests on the device (gpu-marked, and the CUDA kernels against the CPU k
 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests || status=1
 "$PY" -m pytest -q -p no:cacheprovider tests/gpu tests/nccl || status=1
 
-echo "== staged all_reduce (2 processes on this machine's GPUs) against Gloo on CUDA tensors"
-ferrodist run -n 2 bench/gpu/staged_all_reduce.py --sizes 4K,1M,64M --reps 10 || status=1
+echo "== all_reduce of CUDA tensors: ferrodist staged, its floor, Gloo (2 processes, one table)"
+ferrodist run -n 2 bench/gpu/all_reduce.py --sizes 4K,64K,1M,16M,64M --reps 10 --rounds 3 || status=1
 if "$PY" -c "import torch" 2>/dev/null; then
-    "$PY" bench/gpu/gloo_all_reduce.py --sizes 4K,1M,64M --reps 10 --device cuda || status=1
+    echo "== device kernels against torch add_"
+    "$PY" bench/gpu/kernels.py || status=1
 fi
 exit $status
