@@ -26,10 +26,10 @@ _lock = threading.Lock()
 
 
 def _current() -> ProcessGroup | None:
-    group = getattr(_thread_default, "group", None)
-    if group is not None:
-        return group
-    return _process_default[0] if _process_default else None
+    group: ProcessGroup | None = _thread_default.__dict__.get("group")  # on every call: no getattr miss
+    if group is None and _process_default:
+        return _process_default[0]
+    return group
 
 
 def is_initialized() -> bool:
