@@ -64,6 +64,7 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "all_reduce_small",
+    "all_reduce_small_start",
     "broadcast",
     "reduce_scatter",
 ]
@@ -435,6 +436,16 @@ def all_reduce_small(x, data, words, state, divisor):  # type: ignore[no-untyped
         if _advance(words, me, GATHERED, g, p):
             return _stop(state, n, g, 2, GATHERED, g, s, 0, p, WAKE)
     return _stop(state, n, g, 2, 0, 0, 0, 0, 0, DONE)
+
+
+@jit
+def all_reduce_small_start(x, data, words, state, divisor, chunk, op, half, call_id, number):  # type: ignore[no-untyped-def]
+    """:func:`all_reduce_small` from its start, the call's state words written here from
+    the arguments (five scalar arguments cost less to pass than Python's eight item stores)."""
+    state[LO], state[PHASE], state[CHUNK] = 0, 0, chunk
+    state[OP], state[ROOT], state[HALF] = op, -1, half
+    state[CALL_ID], state[NUMBER] = call_id, number
+    return all_reduce_small(x, data, words, state, divisor)
 
 
 @jit

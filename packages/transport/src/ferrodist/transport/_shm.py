@@ -147,10 +147,11 @@ class ShmCollectives:
                 small = self._small_kinds[(dt, op)] = self._small_kind(dt, op)
             if small:
                 view, opcode, divisor, half = small
-                flat, data, words = (x if view is None else x.view(view)), a.data, a.words
-                state = self._start(fingerprint, seq, opcode)
-                state[_chunks.HALF] = half
-                status = _chunks.all_reduce_small(flat, data, words, state, divisor)
+                flat, data, words, state = (x if view is None else x.view(view)), a.data, a.words, self._state
+                call_id = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # its 64 bits
+                status = _chunks.all_reduce_small_start(
+                    flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1
+                )
                 if status == _chunks.DONE:  # the common case: no Python wait, no wake-up
                     a.chunks = int(state[_chunks.CHUNK])
                     return
