@@ -1,5 +1,5 @@
 """The "ferrodist" torch.distributed backend in real processes under torchrun (2 ranks on
-this host): every collective against numpy references, torch's DDP against the same over
+this host; once under `ferrodist run`): every collective against numpy references, torch's DDP against the same over
 Gloo (bit-equal), torch.distributed.pipelining against one process, and failures (a rank
 killed, sizes that disagree, a rank that skips a call, a rank killed during DDP's backward)
 each raising the right error on every survivor within its deadline.
@@ -77,6 +77,17 @@ def test_every_collective_matches_the_numpy_references(tmp_path, transport):
         found = re.search(rf"rank {rank} of 2: (\d+) cases passed over {name}", out)
         assert found is not None, explain(done, outputs)
         assert int(found.group(1)) >= 150  # every dtype x op, the copies, all_to_all, p2p, forms
+
+
+def test_ferrodist_run_starts_the_torch_backend_too(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in _PLACE and not k.startswith(("OMPI_", "PMI", "SLURM_"))}
+    command = [sys.executable, "-m", "ferrodist.launch", "run", "-n", "2", str(SCRIPTS / "collectives.py")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=JOB_LIMIT, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(2):
+        assert re.search(rf"\[rank {rank}\] rank {rank} of 2: \d+ cases passed over ShmTransport", done.stdout), (
+            done.stdout + done.stderr
+        )
 
 
 def test_torch_ddp_over_ferrodist_equals_torch_ddp_over_gloo(tmp_path):

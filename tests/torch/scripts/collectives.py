@@ -176,7 +176,9 @@ def run_all_to_all(c: Cases) -> None:
         case = c.next()
         # rows[i][j]: how many rows rank i sends to rank j (some zero)
         rows = np.random.default_rng(case).integers(0, 4, (c.size, c.size))
-        data = {(i, j): values(case, 1000 * i + j, (int(rows[i][j]), 3), name) for i in range(c.size) for j in range(c.size)}
+        data = {
+            (i, j): values(case, 1000 * i + j, (int(rows[i][j]), 3), name) for i in range(c.size) for j in range(c.size)
+        }
         outs = [to_torch(np.zeros((int(rows[i][c.rank]), 3), numpy_dtype(name))) for i in range(c.size)]
         dist.all_to_all(outs, [to_torch(data[(c.rank, j)]) for j in range(c.size)])
         for i in range(c.size):
@@ -191,7 +193,9 @@ def run_all_to_all(c: Cases) -> None:
         even = values(case, c.rank, (c.size * 2,), name)
         out = to_torch(np.zeros(c.size * 2, numpy_dtype(name)))
         dist.all_to_all_single(out, to_torch(even))
-        want = np.concatenate([values(case, i, (c.size * 2,), name)[2 * c.rank : 2 * c.rank + 2] for i in range(c.size)])
+        want = np.concatenate(
+            [values(case, i, (c.size * 2,), name)[2 * c.rank : 2 * c.rank + 2] for i in range(c.size)]
+        )
         same(out, want, f"all_to_all_single even {name}")
 
 
