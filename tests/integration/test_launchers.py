@@ -156,7 +156,9 @@ def test_mpiexec_with_tcp_and_no_master_address_says_what_is_missing():
     done = run_mpi("tcp")
     assert done.returncode != 0
     # mpiexec ends the job when the first rank fails: at least one rank says it
-    assert "init_process_group: MASTER_ADDR, MASTER_PORT not set" in done.stdout + done.stderr, done.stderr
+    said = done.stdout + done.stderr
+    assert "was started by mpiexec, which sets no MASTER_ADDR, MASTER_PORT" in said, said
+    assert "use init_process_group('mpi')" in said and "mpiexec -x MASTER_ADDR=HOST" in said, said
 
 
 # -- SLURM's srun, by hand ----------------------------------------------------------------------------------

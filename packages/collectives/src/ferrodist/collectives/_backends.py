@@ -191,6 +191,12 @@ def _where(
         if value is None
     ]
     if missing:
+        if info is not None and info.under_mpi:
+            raise InvalidArgument(
+                f"init_process_group: rank {info.rank} was started by mpiexec, which sets no {', '.join(missing)}; "
+                "use init_process_group('mpi') (or 'auto'), or pass the address to every rank: "
+                "mpiexec -x MASTER_ADDR=HOST -x MASTER_PORT=PORT ... (or init_method='tcp://HOST:PORT')"
+            )
         raise InvalidArgument(
             f"init_process_group: {', '.join(missing)} not set; start the ranks with `ferrodist run -n N script.py`, "
             "or set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (or pass init_method='tcp://HOST:PORT', rank=, "
