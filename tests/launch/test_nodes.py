@@ -19,7 +19,8 @@ import pytest
 
 from _helpers import free_port
 from ferrodist.launch import main
-from ferrodist.launch._nodes import Node, judge, rank_token
+from ferrodist.launch._channel import rank_token
+from ferrodist.launch._judge import Node, judge
 
 PLACE = Path(__file__).parents[1] / "integration" / "scripts" / "place.py"
 _PLACE_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FERRODIST_TOKEN")

@@ -26,33 +26,28 @@ secret travels on the control channel.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
 import os
 import secrets
 import select
 import signal
 import socket
-import struct
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from ._verdict import RankEnd, RankError, diagnose, signal_name
+from ._channel import ACCEPT, HANDSHAKE, MAGIC, NONCE, REFUSE, Channel, proof, rank_token, recv_exact
+from ._judge import Node, Outcome, judge
+from ._verdict import RankEnd, diagnose, signal_name
 
 __all__ = [
     "DEFAULT_JOIN_TIMEOUT",
     "DEFAULT_SILENCE",
     "Hub",
     "Member",
-    "Node",
     "NodeFailure",
-    "Outcome",
     "Placement",
-    "judge",
-    "rank_token",
 ]
 
 #: Seconds node 0's launcher waits for the other nodes' launchers (``--join-timeout``).
@@ -60,12 +55,6 @@ DEFAULT_JOIN_TIMEOUT = 300.0
 #: Seconds of silence after which a launcher counts another as lost.
 DEFAULT_SILENCE = 5.0
 HEARTBEAT = 0.5
-_MAGIC = b"FDL1"
-_NONCE = 32
-_HANDSHAKE = 5.0
-_ACCEPT, _REFUSE = b"\x01", b"\x00"
-_LENGTH = struct.Struct("!I")
-_MAX_MESSAGE = 16 << 20
 
 
 class NodeFailure(Exception):
@@ -76,21 +65,6 @@ class NodeFailure(Exception):
         self.summary = summary
         self.node = node
         self.exit_code = exit_code
-
-
-@dataclass(frozen=True)
-class Node:
-    """One node of the job: its launcher's host and pid, and its ranks ``first .. first + count - 1``."""
-
-    node: int
-    host: str
-    pid: int
-    first: int
-    count: int
-
-    def describe(self) -> str:
-        ranks = f"rank {self.first}" if self.count == 1 else f"ranks {self.first}-{self.first + self.count - 1}"
-        return f"node {self.node} ({self.host}, {ranks})"
 
 
 @dataclass(frozen=True)
@@ -109,108 +83,6 @@ class Placement:
     nodes: tuple[Node, ...] = ()
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """The verdict on the whole job, the same on every node."""
-
-    exit_code: int
-    failed_rank: int | None
-    failed_node: int | None
-    summary: str
-
-
-def rank_token(token: str, job: str) -> str:
-    """The ranks' ``FERRODIST_TOKEN`` for job ``job``, from the token every node was given."""
-    return hmac.new(token.encode(), b"ferrodist job " + job.encode(), hashlib.sha256).hexdigest()
-
-
-def _proof(token: bytes, role: bytes, nonce: bytes) -> bytes:
-    return hmac.new(token, b"ferrodist launcher " + role + nonce, hashlib.sha256).digest()
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("the connection closed")
-        data += chunk
-    return data
-
-
-class _Channel:
-    """A connection between two launchers after the handshake: length-prefixed JSON messages."""
-
-    def __init__(self, sock: socket.socket, node: int) -> None:
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
-        self.node = node
-        self.heard = time.monotonic()
-        self.closed = False
-        self._buffer = bytearray()
-        self._send_lock = threading.Lock()
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def send(self, kind: str, **fields: object) -> bool:
-        """Send one message (5 s at most); False if the connection is gone."""
-        body = json.dumps({"kind": kind, **fields}).encode()
-        data = memoryview(_LENGTH.pack(len(body)) + body)
-        give_up = time.monotonic() + 5.0
-        with self._send_lock:
-            while data and not self.closed:
-                try:
-                    data = data[self.sock.send(data) :]
-                except BlockingIOError:
-                    left = give_up - time.monotonic()
-                    if left <= 0:
-                        self.closed = True
-                        break
-                    select.select([], [self.sock], [], left)
-                except OSError:
-                    self.closed = True
-        return not self.closed
-
-    def receive(self) -> list[dict[str, object]]:
-        """The messages that have arrived in full (marks the channel closed at its end)."""
-        while not self.closed:
-            try:
-                chunk = self.sock.recv(1 << 16)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self.closed = True
-                break
-            self.heard = time.monotonic()
-            self._buffer += chunk
-        messages = []
-        while len(self._buffer) >= _LENGTH.size:
-            (size,) = _LENGTH.unpack_from(self._buffer)
-            if size > _MAX_MESSAGE:
-                self.closed = True
-                break
-            if len(self._buffer) < _LENGTH.size + size:
-                break
-            body = bytes(self._buffer[_LENGTH.size : _LENGTH.size + size])
-            del self._buffer[: _LENGTH.size + size]
-            try:
-                message = json.loads(body)
-            except ValueError:
-                self.closed = True
-                break
-            if isinstance(message, dict):
-                messages.append(message)
-        return messages
-
-    def close(self) -> None:
-        self.closed = True
-        self.sock.close()
-
-
 class _Link:
     """What a launcher's supervisor needs from the other nodes, hub or member."""
 
@@ -221,7 +93,7 @@ class _Link:
         self._beating = threading.Event()
         self._beater: threading.Thread | None = None
 
-    def _channels(self) -> list[_Channel]:
+    def _channels(self) -> list[Channel]:
         raise NotImplementedError
 
     def fds(self) -> list[int]:
@@ -270,7 +142,7 @@ class Hub(_Link):
         super().__init__(0, silence)
         self.master_addr, self.master_port, self.nnodes, self.nprocs = master_addr, master_port, nnodes, nprocs
         self._token = token.encode()
-        self._members: dict[int, _Channel] = {}
+        self._members: dict[int, Channel] = {}
         self._reports: dict[int, dict[str, object]] = {}
         self._lost: dict[int, str] = {}
         self._interrupted: tuple[int, int] | None = None  # (node, signal)
@@ -289,7 +161,7 @@ class Hub(_Link):
             ) from None
         self._listener.listen(64)
 
-    def _channels(self) -> list[_Channel]:
+    def _channels(self) -> list[Channel]:
         return list(self._members.values())
 
     # -- join ------------------------------------------------------------------------------------
@@ -304,7 +176,7 @@ class Hub(_Link):
         """
         self._waited = max(0.0, deadline - time.monotonic())
         hosts: dict[int, tuple[str, int, int]] = {0: (socket.gethostname(), os.getpid(), self.nprocs)}
-        pending: list[_Channel] = []
+        pending: list[Channel] = []
         while len(hosts) < self.nnodes:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -369,26 +241,26 @@ class Hub(_Link):
             f"{self.master_port} ...` on each missing node, with the same FERRODIST_TOKEN, or raise --join-timeout"
         )
 
-    def _accept(self) -> _Channel | None:
+    def _accept(self) -> Channel | None:
         sock, address = self._listener.accept()
         try:
-            sock.settimeout(_HANDSHAKE)
-            challenge = os.urandom(_NONCE)
-            sock.sendall(_MAGIC + challenge)
-            reply = _recv_exact(sock, len(_MAGIC) + 32 + _NONCE)
-            if reply[:4] != _MAGIC:
+            sock.settimeout(HANDSHAKE)
+            challenge = os.urandom(NONCE)
+            sock.sendall(MAGIC + challenge)
+            reply = recv_exact(sock, len(MAGIC) + 32 + NONCE)
+            if reply[:4] != MAGIC:
                 raise ConnectionError("it does not speak the launchers' protocol")
-            if not hmac.compare_digest(reply[4:36], _proof(self._token, b"member", challenge)):
-                sock.sendall(_REFUSE)
+            if not hmac.compare_digest(reply[4:36], proof(self._token, b"member", challenge)):
+                sock.sendall(REFUSE)
                 raise ConnectionError("it does not hold this job's FERRODIST_TOKEN")
-            sock.sendall(_ACCEPT + _proof(self._token, b"hub", reply[36:]))
+            sock.sendall(ACCEPT + proof(self._token, b"hub", reply[36:]))
         except OSError as exc:
             sock.close()
             print(f"ferrodist run: node 0 refused a connection from {address[0]}: {exc}", flush=True)
             return None
-        return _Channel(sock, -1)
+        return Channel(sock, -1)
 
-    def _welcome(self, ch: _Channel, hello: dict[str, object], hosts: dict[int, tuple[str, int, int]]) -> None:
+    def _welcome(self, ch: Channel, hello: dict[str, object], hosts: dict[int, tuple[str, int, int]]) -> None:
         try:
             node, nnodes, count = int(hello["node"]), int(hello["nnodes"]), int(hello["nprocs"])  # type: ignore[call-overload]
             host, pid = str(hello["host"]), int(hello["pid"])  # type: ignore[call-overload]
@@ -414,7 +286,7 @@ class Hub(_Link):
         hosts[node] = (host, pid, count)
         self._members[node] = ch
 
-    def _abort(self, summary: str, node: int | None, exit_code: int = 1, *, extra: _Channel | None = None) -> None:
+    def _abort(self, summary: str, node: int | None, exit_code: int = 1, *, extra: Channel | None = None) -> None:
         for ch in [*self._members.values(), *([extra] if extra is not None else [])]:
             ch.send("abort", why=summary)
         raise NodeFailure(summary, node=node, exit_code=exit_code)
@@ -504,12 +376,12 @@ class Member(_Link):
         super().__init__(node, silence)
         self.nnodes, self.nprocs = nnodes, nprocs
         self._token = token.encode()
-        self._hub: _Channel | None = None
+        self._hub: Channel | None = None
         self._hub_lost = False
         self._lost_why = ""
         self._verdict: dict[str, object] | None = None
 
-    def _channels(self) -> list[_Channel]:
+    def _channels(self) -> list[Channel]:
         return [self._hub] if self._hub is not None else []
 
     def join(self, master_addr: str, master_port: int, deadline: float, stop_fd: int) -> Placement:
@@ -536,12 +408,12 @@ class Member(_Link):
                     exit_code=128 + _read_signal(stop_fd),
                 )
             try:
-                sock = socket.create_connection((master_addr, master_port), timeout=min(left, _HANDSHAKE))
+                sock = socket.create_connection((master_addr, master_port), timeout=min(left, HANDSHAKE))
             except OSError as exc:
                 last = exc.strerror or str(exc)
                 time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
                 continue
-            self._hub = _Channel(self._handshake(sock, where), 0)
+            self._hub = Channel(self._handshake(sock, where), 0)
         self._hub.send(
             "hello",
             node=self.node,
@@ -574,21 +446,21 @@ class Member(_Link):
 
     def _handshake(self, sock: socket.socket, where: str) -> socket.socket:
         try:
-            sock.settimeout(_HANDSHAKE)
-            hello = _recv_exact(sock, len(_MAGIC) + _NONCE)
-            if hello[:4] != _MAGIC:
+            sock.settimeout(HANDSHAKE)
+            hello = recv_exact(sock, len(MAGIC) + NONCE)
+            if hello[:4] != MAGIC:
                 raise NodeFailure(
                     f"ferrodist run: the program at {where} is not a ferrodist launcher; check "
                     "--master-addr and --master-port"
                 )
-            nonce = os.urandom(_NONCE)
-            sock.sendall(_MAGIC + _proof(self._token, b"member", hello[4:]) + nonce)
-            if _recv_exact(sock, 1) != _ACCEPT:
+            nonce = os.urandom(NONCE)
+            sock.sendall(MAGIC + proof(self._token, b"member", hello[4:]) + nonce)
+            if recv_exact(sock, 1) != ACCEPT:
                 raise NodeFailure(
                     f"ferrodist run: {where} refused node {self.node}: its FERRODIST_TOKEN is not node 0's; export "
                     "the same FERRODIST_TOKEN on every node"
                 )
-            if not hmac.compare_digest(_recv_exact(sock, 32), _proof(self._token, b"hub", nonce)):
+            if not hmac.compare_digest(recv_exact(sock, 32), proof(self._token, b"hub", nonce)):
                 raise NodeFailure(f"ferrodist run: the launcher at {where} does not hold this job's FERRODIST_TOKEN")
         except OSError as exc:
             sock.close()
@@ -664,69 +536,6 @@ class Member(_Link):
         if local.summary:
             summary += "; on this node: " + local.summary.removeprefix("ferrodist run: ")
         return Outcome(local.exit_code or 1, local.culprits[0] if local.culprits else None, 0, summary)
-
-
-def judge(
-    nodes: Sequence[Node],
-    reports: dict[int, dict[str, object]],
-    lost: dict[int, str],
-    interrupted: tuple[int, int] | None,
-) -> Outcome:
-    """The verdict on a job of several nodes, from each node's report of how its ranks ended.
-
-    A node's ranks are ordered by when they exited (seconds since their node started them),
-    which orders the whole job's exits for ``diagnose``. An interrupted launcher comes first
-    (no rank is to blame), then a lost node (its ranks' fate is unknown), then ``diagnose``'s
-    rules over every rank, with the node of the rank it blames.
-    """
-    rows = []
-    for node, report in reports.items():
-        for row in report.get("ends", ()):  # type: ignore[attr-defined]
-            at = row.get("at")
-            rows.append((at if isinstance(at, (int, float)) else float("inf"), node, row["seen"], row))
-    rows.sort(key=lambda r: r[:3])
-    ends = []
-    for seen, (_, _, _, row) in enumerate(rows):
-        error = row.get("error")
-        ends.append(
-            RankEnd(
-                int(row["rank"]),
-                int(row["code"]),
-                seen,
-                row.get("stopped"),
-                RankError(str(error[0]), tuple(int(r) for r in error[1]), str(error[2])) if error else None,
-            )
-        )
-    by_node = {n.node: n for n in nodes}
-    stopped = sorted(e.rank for e in ends if e.stopped is not None)
-    if interrupted is not None:
-        node, signum = interrupted
-        verdict = diagnose(ends, interrupted=signum)
-        name = signal_name(signum)
-        where = f"{name} on node {node}" + (f" ({by_node[node].host})" if node in by_node else "")
-        return Outcome(verdict.exit_code, None, None, verdict.summary.replace(name, where, 1))
-    if lost:
-        node = next(iter(lost))
-        summary = f"ferrodist run: {by_node[node].describe()} was lost: {lost[node]}"
-        others = [k for k in lost if k != node]
-        if others:
-            summary += f"; also lost: nodes {others}"
-        if stopped:
-            summary += f"; stopped by their launchers: ranks {stopped}"
-        return Outcome(1, None, node, summary)
-    verdict = diagnose(ends)
-    summary = verdict.summary.replace("stopped by the launcher:", "stopped by their launchers:")
-    if not verdict.culprits:
-        return Outcome(verdict.exit_code, None, None, summary)
-    home = {r: n for n in nodes for r in range(n.first, n.first + n.count)}
-    where = "; ".join(f"rank {r} ran on node {home[r].node} ({home[r].host})" for r in verdict.culprits if r in home)
-    culprit = verdict.culprits[0]
-    return Outcome(
-        verdict.exit_code,
-        culprit,
-        home[culprit].node if culprit in home else None,
-        f"{summary}; {where}" if where else summary,
-    )
 
 
 def _placement(nodes: tuple[Node, ...], node_rank: int, addr: str, port: int, token: str, job: str) -> Placement:
