@@ -17,7 +17,8 @@ import numpy as np
 
 from ferrodist.core import InvalidArgument
 
-from ._cuda_kernels import MAX_ARRAYS_PER_LAUNCH, MAX_BLOCKS, THREADS_PER_BLOCK, _flat, _launch
+from ._cuda_device import MAX_ARRAYS_PER_LAUNCH, MAX_BLOCKS, THREADS_PER_BLOCK, launch
+from ._cuda_kernels import _flat
 
 __all__ = ["pack", "unpack"]
 
@@ -147,7 +148,7 @@ def _move(
         padded = [a for a, _, _ in group] + [group[0][0]] * (arity - len(group))  # padding has length 0
         device_table = cuda.to_device(table, stream=0 if stream is None else stream)
         kernel = _move_kernel(direction, arity)
-        _launch(kernel, flat_start, stream, threads, max_blocks, flat_bucket, device_table, *padded)
+        launch(kernel, flat_start, stream, threads, max_blocks, flat_bucket, device_table, *padded)
 
 
 def _slots(lengths: list[int], offsets: Sequence[int] | None, capacity: int, operation: str) -> list[int]:

@@ -21,14 +21,24 @@ They run unchanged on a GPU and under ``NUMBA_ENABLE_CUDASIM=1``.
 from __future__ import annotations
 
 import functools
-import operator
 import types
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ferrodist.core import DType, InvalidArgument, ReduceOp, check_op, device_pointer, dtype
-from ferrodist.core.kernels import BAND, BF16, BOR, BXOR, F16, MAX, MIN, PRODUCT, SUM, plan
+from ferrodist.core.kernels import BF16, F16, PRODUCT, plan
+
+from ._cuda_device import (
+    DIVIDE,
+    MAX_ARRAYS_PER_LAUNCH,
+    MAX_BLOCKS,
+    THREADS_PER_BLOCK,
+    halves,
+    launch_config,
+    op_function,
+)
+from ._cuda_device import launch as _launch
 
 if TYPE_CHECKING:
     from numba import cuda  # at run time kernels get it through _kernel, never at import
@@ -43,169 +53,9 @@ __all__ = [
     "scale",
 ]
 
-#: Default threads per block of every launch.
-THREADS_PER_BLOCK = 256
-#: Default cap on blocks per launch (about one full wave of 256-thread blocks on a large GPU).
-MAX_BLOCKS = 1024
-#: Arrays one pack/unpack launch moves: 64 one-dimensional array arguments and the offsets
-#: table fit in the 4 KiB of kernel parameters that every CUDA version and GPU accepts.
-MAX_ARRAYS_PER_LAUNCH = 64
 
-# Opcodes: core's (ferrodist.core.kernels), plus one for scale's division.
-_DIVIDE = 100
 _HALVES = ("float16", "bfloat16")
 _CASTS = (("float32", "bfloat16"), ("bfloat16", "float32"), ("float32", "float16"), ("float16", "float32"))
-
-
-# ---------------------------------------------------------------------------------------
-# Launch configuration
-# ---------------------------------------------------------------------------------------
-
-
-def launch_config(n: int, *, threads: int = THREADS_PER_BLOCK, max_blocks: int = MAX_BLOCKS) -> tuple[int, int]:
-    """The grid ``(blocks, threads_per_block)`` for a grid-stride loop over ``n`` elements.
-
-    A block has ``threads`` threads, or fewer for a small ``n`` (rounded up to a whole
-    32-thread warp); there are ``ceil(n / threads_per_block)`` blocks, at most
-    ``max_blocks`` (the loop then strides). ``n == 0`` gives ``(0, 0)``: launch nothing.
-
-    Example:
-        >>> launch_config(10), launch_config(1000), launch_config(10**9)
-        ((1, 32), (4, 256), (1024, 256))
-    """
-    n = operator.index(n)
-    if n < 0:
-        raise InvalidArgument(f"launch_config: the element count is {n}; it must be >= 0")
-    if not 1 <= threads <= 1024:
-        raise InvalidArgument(f"launch_config: threads={threads}; CUDA blocks have 1 to 1024 threads")
-    if max_blocks < 1:
-        raise InvalidArgument(f"launch_config: max_blocks={max_blocks}; it must be >= 1")
-    if n == 0:
-        return 0, 0
-    per_block = min(threads, -(-n // 32) * 32)
-    return min(-(-n // per_block), max_blocks), per_block
-
-
-def _launch(kernel: Any, n: int, stream: Any, threads: int, max_blocks: int, *args: Any) -> None:
-    blocks, per_block = launch_config(n, threads=threads, max_blocks=max_blocks)
-    if blocks:
-        kernel[blocks, per_block, 0 if stream is None else stream](*args)
-
-
-# ---------------------------------------------------------------------------------------
-# Device functions (built on first use)
-# ---------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _halves() -> dict[str, Any]:
-    """Device functions: float16/bfloat16 bit patterns to float32 and back (nearest-even).
-
-    Bit casts use scalar ``.view``, which Numba compiles to a register bitcast and the
-    simulator runs as numpy. Integers are int64 throughout (numpy and Numba would
-    otherwise promote mixed uint32/int64 arithmetic to float64).
-    """
-    from numba import cuda
-
-    @cuda.jit(device=True)
-    def bits_of(x):  # type: ignore[no-untyped-def]
-        return np.int64(np.float32(x).view(np.uint32))
-
-    @cuda.jit(device=True)
-    def float_of(bits):  # type: ignore[no-untyped-def]
-        return np.uint32(bits).view(np.float32)
-
-    @cuda.jit(device=True)
-    def bf16_load(h):  # type: ignore[no-untyped-def]
-        return float_of(np.int64(h) << 16)
-
-    @cuda.jit(device=True)
-    def bf16_store(x):  # type: ignore[no-untyped-def]
-        bits = bits_of(x)
-        if (bits & 0x7FFFFFFF) > 0x7F800000:  # NaN: truncate, and keep it a quiet NaN
-            return np.uint16((bits >> 16) | 0x40)
-        return np.uint16((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
-
-    @cuda.jit(device=True)
-    def f16_load(h):  # type: ignore[no-untyped-def]
-        # Move exponent and mantissa to float32 positions, then rebias the exponent.
-        body = (np.int64(h) & 0x7FFF) << 13
-        exponent = body & 0x0F800000
-        body += (127 - 15) << 23
-        if exponent == 0x0F800000:  # inf / nan
-            value = float_of(body + ((128 - 16) << 23))
-        elif exponent == 0:  # zero / subnormal: renormalise with an exact float32 subtraction
-            value = float_of(body + (1 << 23)) - float_of(113 << 23)
-        else:
-            value = float_of(body)
-        if np.int64(h) & 0x8000:
-            return -value
-        return value
-
-    @cuda.jit(device=True)
-    def f16_store(x):  # type: ignore[no-untyped-def]
-        bits = bits_of(x)
-        sign = (bits >> 16) & 0x8000
-        mag = bits & 0x7FFFFFFF
-        if mag >= (127 + 16) << 23:  # overflows float16, or inf / nan
-            out = 0x7E00 if mag > 0x7F800000 else 0x7C00
-        elif mag < 113 << 23:  # a float16 subnormal or zero: let a float32 addition round it
-            magic = ((127 - 15) + (23 - 10) + 1) << 23
-            out = bits_of(float_of(mag) + float_of(magic)) - magic
-        else:  # normal: rebias the exponent, round the mantissa to nearest-even
-            out = (mag + ((15 - 127) << 23) + 0xFFF + ((mag >> 13) & 1)) >> 13
-        return np.uint16(out | sign)
-
-    return {
-        "bits_of": bits_of,
-        "float_of": float_of,
-        "bf16_load": bf16_load,
-        "bf16_store": bf16_store,
-        "f16_load": f16_load,
-        "f16_store": f16_store,
-    }
-
-
-@functools.cache
-def _combine(opcode: int) -> Any:
-    """The device function ``f(a, b)`` of one op (MIN/MAX propagate NaN like numpy)."""
-    from numba import cuda
-
-    def add(a, b):  # type: ignore[no-untyped-def]
-        return a + b
-
-    def multiply(a, b):  # type: ignore[no-untyped-def]
-        return a * b
-
-    def divide(a, b):  # type: ignore[no-untyped-def]
-        return a / b
-
-    def minimum(a, b):  # type: ignore[no-untyped-def]
-        return a if (a <= b or a != a) else b
-
-    def maximum(a, b):  # type: ignore[no-untyped-def]
-        return a if (a >= b or a != a) else b
-
-    def bit_and(a, b):  # type: ignore[no-untyped-def]
-        return a & b
-
-    def bit_or(a, b):  # type: ignore[no-untyped-def]
-        return a | b
-
-    def bit_xor(a, b):  # type: ignore[no-untyped-def]
-        return a ^ b
-
-    table = {
-        SUM: add,
-        PRODUCT: multiply,
-        _DIVIDE: divide,
-        MIN: minimum,
-        MAX: maximum,
-        BAND: bit_and,
-        BOR: bit_or,
-        BXOR: bit_xor,
-    }
-    return cuda.jit(device=True)(table[opcode])
 
 
 # ---------------------------------------------------------------------------------------
@@ -230,7 +80,7 @@ def _kernel(fn: Any) -> Any:
 @functools.cache
 def _reduce_kernel(kind: str, opcode: int) -> Any:
     """``dst[i] = op(dst[i], src[i])``; kind is ``"plain"`` (native arithmetic) or a half type."""
-    combine = _combine(opcode)
+    combine = op_function(opcode)
     if kind == "plain":
 
         def reduce_plain(dst, src):  # type: ignore[no-untyped-def]
@@ -240,7 +90,7 @@ def _reduce_kernel(kind: str, opcode: int) -> Any:
         return _kernel(reduce_plain)
 
     prefix = "f16" if kind == "float16" else "bf16"
-    load, store = _halves()[f"{prefix}_load"], _halves()[f"{prefix}_store"]
+    load, store = halves()[f"{prefix}_load"], halves()[f"{prefix}_store"]
 
     def reduce_half(dst, src):  # type: ignore[no-untyped-def]
         for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
@@ -257,8 +107,8 @@ def _wide_reduce_kernel(kind: str, opcode: int) -> Any:
     through ``dst``/``src``. Each element is combined exactly as the narrow kernel does."""
     from numba import uint64
 
-    combine = _combine(opcode)
-    bits_of, float_of = _halves()["bits_of"], _halves()["float_of"]
+    combine = op_function(opcode)
+    bits_of, float_of = halves()["bits_of"], halves()["float_of"]
     if kind == "float32":
 
         def reduce_f32x2(dst64, src64, dst, src):  # type: ignore[no-untyped-def]
@@ -275,7 +125,7 @@ def _wide_reduce_kernel(kind: str, opcode: int) -> Any:
         return _kernel(reduce_f32x2)
 
     prefix = "f16" if kind == "float16" else "bf16"
-    load, store = _halves()[f"{prefix}_load"], _halves()[f"{prefix}_store"]
+    load, store = halves()[f"{prefix}_load"], halves()[f"{prefix}_store"]
 
     def reduce_half_x4(dst64, src64, dst, src):  # type: ignore[no-untyped-def]
         start = cuda.grid(1)
@@ -297,7 +147,7 @@ def _wide_reduce_kernel(kind: str, opcode: int) -> Any:
 @functools.cache
 def _scale_kernel(kind: str, opcode: int) -> Any:
     """``dst[i] = dst[i] * factor`` (or ``/``), in float64 for float64 and float32 otherwise."""
-    combine = _combine(opcode)
+    combine = op_function(opcode)
     if kind == "float64":
 
         def scale_f64(dst, factor):  # type: ignore[no-untyped-def]
@@ -316,7 +166,7 @@ def _scale_kernel(kind: str, opcode: int) -> Any:
         return _kernel(scale_f32)
 
     prefix = "f16" if kind == "float16" else "bf16"
-    load, store = _halves()[f"{prefix}_load"], _halves()[f"{prefix}_store"]
+    load, store = halves()[f"{prefix}_load"], halves()[f"{prefix}_store"]
 
     def scale_half(dst, factor):  # type: ignore[no-untyped-def]
         f = np.float32(factor)
@@ -331,7 +181,7 @@ def _cast_kernel(src_name: str, dst_name: str) -> Any:
     """``dst[i] = convert(src[i])`` for one of the float32 <-> float16/bfloat16 pairs."""
     half = src_name if src_name in _HALVES else dst_name
     prefix = "f16" if half == "float16" else "bf16"
-    convert = _halves()[f"{prefix}_load" if src_name == half else f"{prefix}_store"]
+    convert = halves()[f"{prefix}_load" if src_name == half else f"{prefix}_store"]
 
     def cast_kernel(dst, src):  # type: ignore[no-untyped-def]
         for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
@@ -348,7 +198,7 @@ def _wide_cast_kernel(src_name: str, dst_name: str) -> Any:
 
     half = src_name if src_name in _HALVES else dst_name
     prefix = "f16" if half == "float16" else "bf16"
-    functions = _halves()
+    functions = halves()
     load, store = functions[f"{prefix}_load"], functions[f"{prefix}_store"]
     bits_of, float_of = functions["bits_of"], functions["float_of"]
     if src_name == half:
@@ -550,7 +400,7 @@ def scale(
     if divide and factor == 0.0:
         raise InvalidArgument(f"{operation}: dividing by zero; pass the number of ranks (>= 1) for AVG")
     out = _storage(dst, dt, "the destination", operation)
-    kernel = _scale_kernel(dt.name, _DIVIDE if divide else PRODUCT)
+    kernel = _scale_kernel(dt.name, DIVIDE if divide else PRODUCT)
     _launch(kernel, out.size, stream, threads, max_blocks, out, factor)
 
 
