@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import free_port, two_network_namespaces
+
 PLACE = Path(__file__).parent / "scripts" / "place.py"
 #: The longest one job may take (each takes a few seconds here).
 JOB_LIMIT = 120
@@ -121,10 +123,18 @@ def mpiexec() -> str:
     return found
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def collect(procs: list[subprocess.Popen[str]]) -> tuple[list[int], list[str]]:
+    """Each process's exit code and output, all within one JOB_LIMIT (a process still running
+    then is killed, and its output says so)."""
+    give_up = time.monotonic() + JOB_LIMIT
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=max(0.1, give_up - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            outputs.append(proc.communicate()[0] + f"\n(killed after {JOB_LIMIT} s)")
+    return [p.returncode for p in procs], outputs
 
 
 def run_mpi(backend: str, *exported: str) -> subprocess.CompletedProcess[str]:
@@ -208,15 +218,8 @@ def srun(backend: str, *, nodes: int, nodelist: str) -> tuple[list[int], str]:
         )
         command = [sys.executable, str(PLACE), backend, "30"]
         procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    give_up = time.monotonic() + JOB_LIMIT
-    outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=max(0.1, give_up - time.monotonic()))[0])
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            outputs.append(proc.communicate()[0] + f"\n(killed after {JOB_LIMIT} s)")
-    return [p.returncode for p in procs], "\n".join(outputs)
+    codes, outputs = collect(procs)
+    return codes, "\n".join(outputs)
 
 
 @pytest.mark.parametrize(("backend", "transport"), [("auto", "ShmTransport"), ("tcp", "TcpTransport")])
@@ -240,36 +243,11 @@ def test_a_slurm_step_on_two_nodes_runs_over_tcp_from_the_first_host_of_the_list
 # -- ferrodist run --nnodes 2 in two network namespaces ------------------------------------------------------
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def two_hosts():
     """Two network namespaces joined by a veth pair: (name, address) of each."""
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        pytest.skip("needs root and iproute2 to make network namespaces")
-    tag = f"fl{os.getpid() % 100000}"
-    a, b = f"{tag}a", f"{tag}b"
-    try:
-        ip("netns", "add", a)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"cannot create network namespaces here: {exc.stderr.decode().strip()}")
-    try:
-        ip("netns", "add", b)
-        ip("link", "add", f"{tag}x", "type", "veth", "peer", "name", f"{tag}y")
-        ip("link", "set", f"{tag}x", "netns", a)
-        ip("link", "set", f"{tag}y", "netns", b)
-        hosts = []
-        for ns, dev, addr in ((a, f"{tag}x", "10.231.9.1"), (b, f"{tag}y", "10.231.9.2")):
-            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-            hosts.append((ns, addr))
-        yield hosts
-    finally:
-        for ns in (a, b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+    for hosts in two_network_namespaces("fl", "10.231.9"):
+        yield [(ns, addr) for ns, _, addr in hosts]
 
 
 def launchers(hosts: list[tuple[str, str]], script: str, *args: str) -> tuple[list[int], list[str]]:
@@ -286,15 +264,7 @@ def launchers(hosts: list[tuple[str, str]], script: str, *args: str) -> tuple[li
                 [*command, script, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
         )
-    give_up = time.monotonic() + JOB_LIMIT
-    outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=max(0.1, give_up - time.monotonic()))[0])
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            outputs.append(proc.communicate()[0] + f"\n(killed after {JOB_LIMIT} s)")
-    return [p.returncode for p in procs], outputs
+    return collect(procs)
 
 
 @pytest.mark.parametrize(("backend", "transport"), [("auto", "TcpTransport"), ("tcp", "TcpTransport")])

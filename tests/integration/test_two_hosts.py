@@ -10,43 +10,22 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from _helpers import two_network_namespaces
+
 SCRIPTS = Path(__file__).parent / "scripts"
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
 @pytest.fixture
 def two_hosts():
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        pytest.skip("needs root and iproute2 to make network namespaces")
-    tag = f"fd{os.getpid() % 100000}"
-    a, b = f"{tag}a", f"{tag}b"
-    try:
-        ip("netns", "add", a)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"cannot create network namespaces here: {exc.stderr.decode().strip()}")
-    try:
-        ip("netns", "add", b)
-        ip("link", "add", f"{tag}x", "type", "veth", "peer", "name", f"{tag}y")
-        ip("link", "set", f"{tag}x", "netns", a)
-        ip("link", "set", f"{tag}y", "netns", b)
-        for ns, dev, addr in ((a, f"{tag}x", "10.231.7.1/24"), (b, f"{tag}y", "10.231.7.2/24")):
-            ip("-n", ns, "addr", "add", addr, "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-        yield (a, f"{tag}x"), (b, f"{tag}y")
-    finally:
-        for ns in (a, b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+    """(namespace, device) of each "host"."""
+    for hosts in two_network_namespaces("fd", "10.231.7"):
+        yield [(ns, dev) for ns, dev, _ in hosts]
 
 
 def test_a_job_across_two_network_stacks(two_hosts):
