@@ -40,19 +40,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ferrodist.torch  # noqa: F401  (registers "ferrodist")
 
-FEATURES, HIDDEN, CLASSES = 1024, 4096, 1024  # 25.2 M parameters (100.7 MB of float32 gradients)
-WARMUP = 3
-
-
-def model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, HIDDEN),
-        torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, HIDDEN),
-        torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, CLASSES),
-    )
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ddp"))
+from ddp_step import CLASSES, FEATURES, WARMUP, model
 
 
 def median_step(group: Any, options: dict[str, Any], batch: int, steps: int) -> float:
