@@ -103,3 +103,26 @@ def test_a_rank_leaving_after_a_failure_names_the_culprit_in_its_goodbye():
     finally:
         for t in ranks:
             t.close()
+
+
+def test_a_send_that_breaks_reports_the_failure_the_peer_told_of_before_it_left():
+    """Rank 1 aborts channel 5 because rank 2 died, tells rank 0, and leaves; rank 0 has not
+    read the notice yet (its link is held) when its next send on channel 5 breaks. The send
+    reads what rank 1 said last and reports rank 2's death, not a broken pipe to rank 1
+    (a survivor's first error must name the culprit, not the messenger)."""
+    ranks = tcp_world(3, timeout=10)
+    try:
+        link = ranks[0]._links[1]
+        link.claim()  # the link's thread stops reading: the notice stays in the socket
+        ranks[1].abort(5, PeerLost("rank 2 went away (killed)", peer=2, rank=1), peers=[0], seq=3)
+        ranks[1].close()
+        payload = np.zeros(1 << 20)
+        with pytest.raises(PeerLost) as caught:
+            for _ in range(100):  # the first sends may still land in the socket buffers
+                ranks[0].send(payload, 1, tag=tag(5), timeout=5)
+        link.unclaim()
+        assert caught.value.peer == 2, caught.value
+        assert "rank 2 went away" in str(caught.value)
+    finally:
+        for t in ranks:
+            t.close()

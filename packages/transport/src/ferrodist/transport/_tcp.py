@@ -43,6 +43,8 @@ _BARRIER_TAGS = 0xFFFF << 48  # the transport's own barrier messages use tags fr
 _DEFAULT_MAX_FRAME = 16 << 30
 #: Seconds a notice may take to leave for one peer before that link is given up.
 _NOTICE_SEND = 0.5
+#: Seconds a failed send spends reading what the peer sent last (its notice, its reason for leaving).
+_LAST_WORDS = 0.2
 
 
 class TcpTransport:
@@ -352,6 +354,9 @@ class TcpTransport:
             self._lose(dst, stalled)  # a frame was cut in the middle: this connection is unusable now
             raise stalled from None
         except OSError as exc:
+            said = self._last_words(link, channel_of(tag))
+            if said is not None:  # it left because of a failure it told us about: report that
+                raise _fresh(said, f"rank {self._rank} cannot send to rank {dst}") from None
             error = PeerLost(
                 f"rank {self._rank} cannot send to rank {dst}: the connection broke "
                 f"({exc.strerror or exc}); it died or was killed",
@@ -361,6 +366,20 @@ class TcpTransport:
             self._lose(dst, error)
             raise error from None
         return DONE
+
+    def _last_words(self, link: Link, channel: int) -> FerrodistError | None:
+        """After a send to ``link``'s peer broke: read the frames it sent before it left, if
+        they are still unread (an abort notice, a departure with its reason), and return the
+        failure they name, as a receive would have reported it; None if they name none."""
+        if link.read_lock.acquire(timeout=_LAST_WORDS):  # the link's thread may be reading them now
+            try:
+                give_up = time.monotonic() + _LAST_WORDS
+                while not link.ended and time.monotonic() < give_up and link.advance(give_up):
+                    pass
+            finally:
+                link.let_go()
+        with self._cond:
+            return self._aborts.error(channel) or self._lost.get(link.peer)
 
     def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.isend(buf, dst, tag, fingerprint=fingerprint, timeout=timeout)
