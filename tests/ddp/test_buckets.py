@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _helpers import examples
+
+pytest.importorskip("ferrodist.ddp", reason="ferrodist-ddp is not installed (pip install packages/ddp)")
 from ferrodist.ddp import ParamSpec, plan_buckets
 
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2}

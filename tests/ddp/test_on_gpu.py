@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from ferrodist.collectives import default_group
+
+pytest.importorskip("ferrodist.ddp", reason="ferrodist-ddp is not installed (pip install packages/ddp)")
 from ferrodist.ddp import DDP, bf16_compress
 from ferrodist.testing import run_world
 

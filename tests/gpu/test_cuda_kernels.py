@@ -30,6 +30,8 @@ from hypothesis import strategies as st
 
 from _helpers import examples
 from ferrodist.core import ALL_DTYPES, DType, InvalidArgument, ReduceOp, _kernels, dtype, reducer
+
+pytest.importorskip("ferrodist.gpu", reason="ferrodist-gpu is not installed (pip install packages/gpu)")
 from ferrodist.gpu import _cuda_buckets as buckets
 from ferrodist.gpu import _cuda_kernels as kernels
 from ferrodist.testing.strategies import shapes

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
 from ferrodist.launch._bench import available, busbw
 from ferrodist.launch._report import table
 

@@ -21,6 +21,7 @@ import numba
 import numpy
 import pytest
 
+pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
 from ferrodist.launch import _children, _probes, main
 from ferrodist.transport import launch_info
 

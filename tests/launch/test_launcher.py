@@ -14,6 +14,8 @@ import time
 import pytest
 
 from ferrodist.core import InvalidArgument
+
+pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
 from ferrodist.launch import main, run
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from _helpers import free_port
+
+pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
 from ferrodist.launch import main
 from ferrodist.launch._channel import rank_token
 from ferrodist.launch._judge import Node, judge

@@ -8,6 +8,9 @@ import os
 import threading
 import time
 
+import pytest
+
+pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
 from ferrodist.launch import _output as output
 from ferrodist.launch._output import HOLD, Console, pump
 

@@ -9,6 +9,8 @@ import pytest
 
 from ferrodist.collectives._record import record_failure
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, PeerLost
+
+pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
 from ferrodist.launch._verdict import RankEnd, RankError, diagnose, read_error
 
 TERM, KILL = int(signal.SIGTERM), int(signal.SIGKILL)

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from _helpers import examples
 from ferrodist.core import ALL_DTYPES, DeviceUnavailable, InvalidArgument, ReduceOp, as_tensor, dtype
+
+pytest.importorskip("ferrodist.nccl", reason="ferrodist-nccl is not installed (pip install packages/nccl)")
 from ferrodist.nccl import _buffers
 from ferrodist.nccl._buffers import DeviceBuffer, _device_pointer, blocks, device_buffer, nccl_datatype, nccl_op
 from ferrodist.nccl._library import DataType, RedOp

@@ -17,6 +17,8 @@ from ferrodist.core import (
     InvalidArgument,
     InvalidRank,
 )
+
+pytest.importorskip("ferrodist.nccl", reason="ferrodist-nccl is not installed (pip install packages/nccl)")
 from ferrodist.nccl import NcclCommunicator, NcclConfig, get_unique_id
 from ferrodist.nccl import _communicator as communicator_module
 from ferrodist.nccl._library import CONFIG_UNDEF_INT, Result

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from ferrodist.core import InvalidArgument, as_tensor
+
+pytest.importorskip("ferrodist.nccl", reason="ferrodist-nccl is not installed (pip install packages/nccl)")
 from ferrodist.nccl._buffers import blocks, device_buffer
 
 

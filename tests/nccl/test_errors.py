@@ -10,6 +10,8 @@ from ferrodist.core import (
     FerrodistError,
     InvalidArgument,
 )
+
+pytest.importorskip("ferrodist.nccl", reason="ferrodist-nccl is not installed (pip install packages/nccl)")
 from ferrodist.nccl import _cuda
 from ferrodist.nccl._library import Result
 from ferrodist.nccl._status import RESULT_ERRORS, check, error_for

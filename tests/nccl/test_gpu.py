@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from ferrodist.core import CollectiveTimeout, InvalidArgument, ReduceOp, dtype
+
+pytest.importorskip("ferrodist.nccl", reason="ferrodist-nccl is not installed (pip install packages/nccl)")
 from ferrodist.nccl import NcclCommunicator, NcclGroup, _cuda, get_unique_id
 from ferrodist.nccl._buffers import DeviceBuffer
 

@@ -7,6 +7,8 @@ import contextlib
 import pytest
 
 from ferrodist.core import Group, InvalidArgument, InvalidRank, ReduceOp, Work, dtype
+
+pytest.importorskip("ferrodist.nccl", reason="ferrodist-nccl is not installed (pip install packages/nccl)")
 from ferrodist.nccl import NcclGroup
 from ferrodist.nccl._buffers import DeviceBuffer, device_buffer
 

@@ -12,6 +12,8 @@ import re
 import pytest
 
 from ferrodist.core import ALL_DTYPES
+
+pytest.importorskip("ferrodist.nccl", reason="ferrodist-nccl is not installed (pip install packages/nccl)")
 from ferrodist.nccl import _library
 from ferrodist.nccl._library import (
     ADDED_IN,

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+pytest.importorskip("ferrodist.nccl", reason="ferrodist-nccl is not installed (pip install packages/nccl)")
 import ferrodist.nccl as nccl
 from ferrodist.core import BackendUnavailable
 from ferrodist.nccl import _library

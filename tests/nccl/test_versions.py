@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from ferrodist.core import BackendUnavailable, InvalidArgument
+
+pytest.importorskip("ferrodist.nccl", reason="ferrodist-nccl is not installed (pip install packages/nccl)")
 from ferrodist.nccl import NcclConfig, _library
 from ferrodist.nccl._library import CONFIG_UNDEF_INT, ConfigStruct, config_fields, config_size
 

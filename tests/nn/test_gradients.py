@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _helpers import examples
+
+pytest.importorskip("ferrodist.nn", reason="ferrodist-nn is not installed (pip install packages/nn)")
 from ferrodist.nn import CrossEntropyLoss, Linear, Module, MSELoss, ReLU, Sequential, Tanh
 
 EPS = 1e-6

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+pytest.importorskip("ferrodist.nn", reason="ferrodist-nn is not installed (pip install packages/nn)")
 from ferrodist.nn import SGD, Adam, CrossEntropyLoss, Linear, Module, MSELoss, Parameter, ReLU, Sequential, Tanh
 
 

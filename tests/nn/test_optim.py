@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+pytest.importorskip("ferrodist.nn", reason="ferrodist-nn is not installed (pip install packages/nn)")
 from ferrodist.nn import SGD, Adam, CrossEntropyLoss, Linear, Parameter, Sequential, Tanh
 
 STEPS = 6

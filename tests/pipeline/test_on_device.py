@@ -17,6 +17,9 @@ import pytest
 
 from ferrodist.collectives import default_group
 from ferrodist.core import CollectiveMismatch, GroupAborted, as_tensor
+
+pytest.importorskip("ferrodist.nn", reason="ferrodist-nn is not installed (pip install packages/nn)")
+pytest.importorskip("ferrodist.pipeline", reason="ferrodist-pipeline is not installed (pip install packages/pipeline)")
 from ferrodist.nn import CrossEntropyLoss
 from ferrodist.pipeline import GPipe, Interleaved1F1B, OneFOneB, Pipeline, Stage, ZeroBubbleH1, split_sequential
 from ferrodist.testing import run_world

@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 
 from ferrodist.collectives import default_group
 from ferrodist.core import CollectiveMismatch, FerrodistError, GroupAborted, InvalidArgument
+
+pytest.importorskip("ferrodist.nn", reason="ferrodist-nn is not installed (pip install packages/nn)")
+pytest.importorskip("ferrodist.pipeline", reason="ferrodist-pipeline is not installed (pip install packages/pipeline)")
 from ferrodist.nn import CrossEntropyLoss, Linear, Module, MSELoss, Sequential, Tanh
 from ferrodist.pipeline import (
     GPipe,

@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 
 from ferrodist.core import InvalidArgument
+
+pytest.importorskip("ferrodist.nn", reason="ferrodist-nn is not installed (pip install packages/nn)")
+pytest.importorskip("ferrodist.pipeline", reason="ferrodist-pipeline is not installed (pip install packages/pipeline)")
 from ferrodist.nn import Linear, ReLU, Sequential
 from ferrodist.pipeline import (
     Action,

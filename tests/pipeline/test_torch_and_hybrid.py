@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 
 from ferrodist.collectives import default_group, new_group
+
+pytest.importorskip("ferrodist.nn", reason="ferrodist-nn is not installed (pip install packages/nn)")
+pytest.importorskip("ferrodist.pipeline", reason="ferrodist-pipeline is not installed (pip install packages/pipeline)")
 from ferrodist.pipeline import GPipe, Interleaved1F1B, OneFOneB, Pipeline, ZeroBubbleH1, split_sequential
 from ferrodist.testing import run_world
 

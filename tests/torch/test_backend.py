@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+pytest.importorskip("ferrodist.torch", reason="ferrodist-torch is not installed (pip install packages/torch)")
 import ferrodist.torch  # noqa: E402
 from ferrodist.collectives import ProcessGroup  # noqa: E402
 from ferrodist.core import CollectiveMismatch, FerrodistError, InvalidArgument, InvalidRank  # noqa: E402

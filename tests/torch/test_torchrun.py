@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
+pytest.importorskip("ferrodist.torch", reason="ferrodist-torch is not installed (pip install packages/torch)")
 
 SCRIPTS = Path(__file__).parent / "scripts"
 #: The longest one torchrun job may take (each takes a few seconds here).
