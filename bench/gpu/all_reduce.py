@@ -1,6 +1,6 @@
 """all_reduce of CUDA tensors: ferrodist's staged path, its floor, and torch Gloo, in one run.
 
-    ferrodist run -n 2 bench/gpu/all_reduce.py [--sizes 4K,1M,64M] [--reps 10] [--rounds 3]
+    ferrodist run -n 2 bench/gpu/all_reduce.py [--sizes 4K,1M,64M] [--reps 10] [--rounds 3] [--json PATH]
 
 Per size, float32, every rank (median over rounds of the median of ``--reps`` calls):
 
@@ -15,6 +15,9 @@ gives each time and the ratios ferrodist/floor (goal: at most 1.2) and Gloo/ferr
 (above 1: ferrodist is faster). Ranks use GPU ``LOCAL_RANK % count``: with fewer GPUs than
 ranks, ranks share a GPU, and the header says so.
 
+``--json PATH`` writes the rows (rank 0): the header's facts and, per size, the seconds of
+each method (``gloo_s`` is null without Gloo) and the two ratios, for tools/gpu_summary.py.
+
 Without a GPU (``NUMBA_ENABLE_CUDASIM=1``, set here when no NVIDIA driver loads) it runs
 on Numba's CUDA simulator with Numba device arrays and no Gloo column: the times then
 measure the host side only.
@@ -24,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import socket
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -164,6 +169,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="4K,1M,64M", help="tensor sizes in bytes (K, M, G suffixes)")
     parser.add_argument("--reps", type=int, default=10, help="calls timed per method, size and round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the methods, interleaved")
+    parser.add_argument("--json", type=Path, help="write the rows here as JSON (rank 0)")
     args = parser.parse_args()
     dist.init_process_group()
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -177,8 +183,10 @@ def main() -> None:
     if tdist is not None:
         methods["Gloo"] = lambda x, host: tdist.all_reduce(x)
     sharing = "one per GPU" if side.count >= size else f"sharing {side.count} GPU(s)"
+    header = f"all_reduce of float32 CUDA tensors, {size} processes {sharing} ({side.name}), {dist.get_backend()}"
+    rows: list[dict[str, Any]] = []
     if rank == 0:
-        print(f"all_reduce of float32 CUDA tensors, {size} processes {sharing} ({side.name}), {dist.get_backend()}")
+        print(header)
         gloo = " Gloo | Gloo / ferrodist |" if tdist is not None else ""
         print(f"| size | ferrodist | floor | ferrodist / floor |{gloo}")
         print("|---|---|---|---|" + ("---|---|" if tdist is not None else ""))
@@ -192,12 +200,27 @@ def main() -> None:
             for name, method in methods.items():
                 found[name].append(timed(lambda m=method, x=x, host=host: m(x, host), side.sync, args.reps))
         median = {name: statistics.median(times) for name, times in found.items()}
+        gloo_s = median.get("Gloo")
+        rows.append(
+            {
+                "bytes": nbytes,
+                "size": pretty(nbytes),
+                "ferrodist_s": median["ferrodist"],
+                "floor_s": median["floor"],
+                "ferrodist_per_floor": median["ferrodist"] / median["floor"],
+                "gloo_s": gloo_s,
+                "gloo_per_ferrodist": None if gloo_s is None else gloo_s / median["ferrodist"],
+            }
+        )
         if rank == 0:
             row = f"| {pretty(nbytes)} | {show(median['ferrodist'])} | {show(median['floor'])} | "
             row += f"{median['ferrodist'] / median['floor']:.2f} |"
             if "Gloo" in median:
                 row += f" {show(median['Gloo'])} | {median['Gloo'] / median['ferrodist']:.2f}x |"
             print(row, flush=True)
+    if rank == 0 and args.json is not None:
+        facts = {"header": header, "processes": size, "device": side.name, "backend": dist.get_backend()}
+        args.json.write_text(json.dumps({**facts, "dtype": "float32", "rows": rows}, indent=1) + "\n")
     if tdist is not None:
         tdist.destroy_process_group()
     dist.destroy_process_group()
