@@ -30,8 +30,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "collectives": frozenset({"transport", "core"}),
     "testing": frozenset({"collectives", "transport", "core"}),
     "nn": frozenset(),
-    "gpu": frozenset({"collectives", "core"}),
-    "nccl": frozenset({"core"}),
+    # gpu's staged engine implements transport's device-engine protocol.
+    "gpu": frozenset({"collectives", "transport", "core"}),
+    # The NCCL engine implements transport's device-engine protocol; its bf16 compression
+    # casts with gpu's kernels (imported when a compressed call runs).
+    "nccl": frozenset({"transport", "gpu", "core"}),
     "ddp": frozenset({"collectives", "core"}),
     "pipeline": frozenset({"collectives", "core"}),
     "launch": frozenset({"collectives", "transport", "core"}),

@@ -7,14 +7,18 @@ ready" twice before it looks. An engine that reads a host buffer before its copy
 known to be done, refills a buffer still being copied up, or returns before its last
 copy up, computes from stale bytes here, and the results are checked against numpy.
 The control tests take one wait away and show that the checks then fail.
+
+``LazyDriver`` is a stand-in for the simulator's device memory (host memory): these tests
+run only under ``NUMBA_ENABLE_CUDASIM=1`` and skip on a GPU, where its copies would
+``memmove`` real device pointers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,20 +29,25 @@ from ferrodist.core import CollectiveMismatch, CollectiveTimeout, ReduceOp
 from ferrodist.testing import run_world
 
 gpu = pytest.importorskip("ferrodist.gpu")
+from ferrodist.core.cuda import SIMULATED, SimulatedDriver  # noqa: E402
 from ferrodist.gpu import _copies, _staged  # noqa: E402
 
 NOT_READY = 600
 
+pytestmark = pytest.mark.skipif(
+    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+    reason="stand-in drivers copy host memory: these tests run on Numba's CUDA simulator only "
+    "(NUMBA_ENABLE_CUDASIM=1); on a GPU, tests/gpu/test_staged_on_gpu.py covers the real copies",
+)
 
-class LazyDriver:
+
+class LazyDriver(SimulatedDriver):
     """The driver calls ``Copies`` makes, on host memory (the simulator's device memory),
-    each copy deferred until it must have happened."""
-
-    CUresult = SimpleNamespace(CUDA_ERROR_NOT_READY=NOT_READY)
-    CUstream_flags = SimpleNamespace(CU_STREAM_DEFAULT=0)
-    CUevent_flags = SimpleNamespace(CU_EVENT_DISABLE_TIMING=2)
+    each copy deferred until it must have happened. Like the simulator's driver, it
+    refuses calls from a thread without a current context."""
 
     def __init__(self, not_ready: int = 2, stall: bool = False) -> None:
+        super().__init__()
         self.lock = threading.Lock()
         self.queues: dict[int, list] = {}  # stream -> pending operations, in order
         self.events: dict[int, tuple[int, int]] = {}  # event -> (stream, operations queued before it)
@@ -54,11 +63,15 @@ class LazyDriver:
             return self.handles
 
     def cuStreamCreate(self, flags):
+        if not self.has_context():
+            return super().cuStreamCreate(flags)
         stream = self._handle()
         self.queues[stream], self.done[stream] = [], 0
         return 0, stream
 
     def cuEventCreate(self, flags):
+        if not self.has_context():
+            return super().cuEventCreate(flags)
         return 0, self._handle()
 
     def _run_until(self, stream: int, count: int) -> None:
@@ -67,25 +80,28 @@ class LazyDriver:
             self.done[stream] += 1
             operation()
 
-    def _copy(self, dst, src, nbytes, stream):
+    def copy(self, dst, src, nbytes, stream):
         self.copies += 1
         self.queues[stream].append(lambda: ctypes.memmove(dst, src, nbytes))
         return (0,)
 
-    cuMemcpyDtoHAsync = _copy
-    cuMemcpyHtoDAsync = _copy
-
     def cuEventRecord(self, event, stream):
+        if not self.has_context():
+            return super().cuEventRecord(event, stream)
         self.events[event] = (stream, len(self.queues[stream]))
         self.polls[event] = 0
         return (0,)
 
     def cuStreamWaitEvent(self, stream, event, flags):
+        if not self.has_context():
+            return super().cuStreamWaitEvent(stream, event, flags)
         other, count = self.events[event]
         self.queues[stream].append(lambda: self._run_until(other, count))
         return (0,)
 
     def cuEventQuery(self, event):
+        if not self.has_context():
+            return super().cuEventQuery(event)
         self.polls[event] += 1
         if self.stall or self.polls[event] <= self.not_ready:
             return (NOT_READY,)
@@ -94,7 +110,7 @@ class LazyDriver:
         return (0,)
 
     def cuGetErrorName(self, err):
-        return 0, b"CUDA_ERROR_NOT_READY" if err == NOT_READY else b"CUDA_ERROR_UNKNOWN"
+        return 0, {NOT_READY: b"CUDA_ERROR_NOT_READY", 201: b"CUDA_ERROR_INVALID_CONTEXT"}.get(err, b"CUDA_ERROR_UNKNOWN")
 
     def cuGetErrorString(self, err):
         return 0, b"stand-in"
@@ -209,10 +225,11 @@ def test_ranks_that_cut_a_tensor_differently_raise_a_mismatch(monkeypatch):
 
 def test_the_simulated_driver_copies_at_once():
     src, dst = np.arange(8, dtype=np.uint8), np.zeros(8, np.uint8)
-    copies = _copies.Copies(_copies.SIMULATED, 1)
-    copies.down(dst.ctypes.data, src.ctypes.data, 8)
-    copies.downed(0)
-    copies.wait_down(0, deadline=float("inf"), rank=0)
+    with fc.cuda.on_device(0, cu=SIMULATED):
+        copies = _copies.Copies(SIMULATED, 1)
+        copies.down(dst.ctypes.data, src.ctypes.data, 8)
+        copies.downed(0)
+        copies.wait_down(0, deadline=float("inf"), rank=0)
     np.testing.assert_array_equal(dst, src)
 
 
@@ -221,6 +238,25 @@ def test_driver_errors_name_the_call_and_the_error():
         def cuMemcpyDtoHAsync(self, dst, src, nbytes, stream):
             return (999,)
 
-    copies = _copies.Copies(Failing(), 1)
-    with pytest.raises(fc.FerrodistError, match=r"cuMemcpyDtoHAsync of 8 bytes failed: CUDA_ERROR_UNKNOWN"):
-        copies.down(1, 2, 8)
+    driver = Failing()
+    with fc.cuda.on_device(0, cu=driver):
+        copies = _copies.Copies(driver, 1)
+        with pytest.raises(fc.FerrodistError, match=r"cuMemcpyDtoHAsync of 8 bytes failed: CUDA_ERROR_UNKNOWN"):
+            copies.down(1, 2, 8)
+
+
+def test_a_thread_without_a_context_is_refused_as_a_gpu_would():
+    """The stand-in drivers keep the driver's rule: no current context, no stream."""
+    driver = LazyDriver()
+    outcome = []
+
+    def fresh_thread():
+        try:
+            _copies.Copies(driver, 1)
+        except fc.FerrodistError as exc:
+            outcome.append(str(exc))
+
+    thread = threading.Thread(target=fresh_thread)
+    thread.start()
+    thread.join()
+    assert outcome and "CUDA_ERROR_INVALID_CONTEXT" in outcome[0] and "on_device" in outcome[0], outcome

@@ -53,10 +53,6 @@ def test_device_pointer_prefers_data_ptr_then_the_interface():
     assert _device_pointer(FakeDeviceTensor()) == 0xABC000
     assert _device_pointer(FakeCudaArray((4,), ptr=0x1234)) == 0x1234
 
-    class Wrapper:  # a core Tensor wrapping a Numba array in _array
-        _array = FakeCudaArray((2,), ptr=0x5678)
-
-    assert _device_pointer(Wrapper()) == 0x5678
     with pytest.raises(InvalidArgument):
         _device_pointer(object())
 

@@ -7,7 +7,6 @@ port the OS picks and publishes it there (``TcpTransport.connect(rendezvous=...)
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from collections.abc import Mapping
@@ -26,7 +25,8 @@ from ferrodist.transport import (
     launch_info,
 )
 
-#: Backends ``init_process_group`` can start ("auto" picks one; "gloo" is a name for "auto").
+#: Backends ``init_process_group`` can start ("auto" picks one; "gloo" is a name for "auto";
+#: "nccl" is "auto" with CUDA tensors through NCCL).
 BACKENDS = ("simulated", "tcp", "shm", "mpi")
 _log = logging.getLogger("ferrodist.collectives")
 
@@ -40,14 +40,18 @@ def make_transport(
         if backend in ("auto", "tcp", "shm") and init_method in (None, "env://"):
             _tell_the_others(exc)
         raise
-    if backend == "nccl":
-        raise BackendUnavailable(_nccl_message())
-    if backend in ("auto", "gloo"):
+    if backend in ("auto", "gloo", "nccl"):
         chosen = _auto(info, rank, world_size, init_method)
         if backend == "gloo":
             _log.info(
                 "init_process_group: backend 'gloo' runs over ferrodist's own %r transport (what 'auto' picks for "
                 "this job); ferrodist does not use Gloo",
+                chosen,
+            )
+        elif backend == "nccl":
+            _log.info(
+                "init_process_group: backend 'nccl' runs CPU tensors over ferrodist's own %r transport and CUDA "
+                "tensors through NCCL (cuda_route='nccl')",
                 chosen,
             )
         backend = chosen
@@ -70,25 +74,8 @@ def make_transport(
         return _mpi_transport(info, rank, world_size, timeout)
     raise InvalidArgument(
         f"init_process_group: unknown backend {backend!r}; available: {', '.join(BACKENDS)}, auto (and gloo, a name "
-        "for auto)"
+        "for auto; nccl, auto with CUDA tensors through NCCL)"
     )
-
-
-def _nccl_message() -> str:
-    """Where NCCL collectives come from, worded for whether ferrodist-nccl is installed
-    (looked up, not imported: collectives does not depend on it)."""
-    try:
-        installed = importlib.util.find_spec("ferrodist.nccl") is not None
-    except (ImportError, ValueError):
-        installed = False
-    start = (
-        "init_process_group: backend 'nccl' is not a transport of ferrodist.collectives: NCCL groups come from "
-        "ferrodist.nccl"
-    )
-    how = "cpu = init_process_group(); gpu = ferrodist.nccl.init_nccl(cpu)"
-    if installed:
-        return f"{start} (installed here): start a CPU group, then an NCCL group over it: {how}"
-    return f"{start}, which is not installed: pip install ferrodist-nccl, then {how}"
 
 
 def under_torchrun(env: Mapping[str, str] | None = None) -> bool:

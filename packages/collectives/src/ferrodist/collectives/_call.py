@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import CollectiveTimeout
+from ferrodist.core import CollectiveTimeout, FerrodistError
 from ferrodist.transport import Request, Transport
 
 Array = np.ndarray[Any, Any]
@@ -118,6 +118,10 @@ class Call:
             timeout=self.remaining(),
             fingerprint=self.fingerprint,
         )
+
+    def aborted(self) -> FerrodistError | None:
+        """The error this call's group was aborted with (here or by a peer), or None."""
+        return self.transport.aborted(self.tag >> _GROUP_SHIFT)
 
     def agree(self) -> None:
         """Check, with one small message per rank, that the ranks are in the same call.

@@ -7,7 +7,17 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, ReduceOp, Tensor, as_tensor, bfloat16, check_op
+from ferrodist.core import (
+    DType,
+    FerrodistError,
+    InvalidArgument,
+    InvalidRank,
+    ReduceOp,
+    Tensor,
+    as_tensor,
+    bfloat16,
+    check_op,
+)
 
 from ._call import Array
 
@@ -115,8 +125,9 @@ def split_equally(checker: Checker, obj: object, size: int, what: str, *, writea
     return [Tensor(flat[i * part : (i + 1) * part]) for i in range(size)]
 
 
-def flats(tensors: Sequence[Tensor]) -> list[Array]:
-    return [t.flat() for t in tensors]
+def device_blocks(blocks: Sequence[Any], dt: DType) -> list[Tensor]:
+    """Device tensors over the flat device-array ``blocks`` of a call (for a device engine)."""
+    return [Tensor.from_device_array(block, dtype=dt) for block in blocks]
 
 
 def wire_dtype(check: Checker, compress: str | None, t: Tensor, dev: Any) -> Any:

@@ -5,11 +5,12 @@ it with its own: ranks that disagree about the next call (another operation, dty
 op or root) raise ``CollectiveMismatch`` naming what each called, instead of exchanging
 bytes that mean different things.
 
-    bits 60..63  operation (1..15; 0 = no fingerprint)
-    bits 55..59  dtype index + 1 (0 = none)
-    bits 51..54  reduce op value + 1 (0 = none)
-    bits 40..50  root + 1 (0 = none; 2047 = a root of 2046 or more)
-    bits  0..39  element count (modulo 2**40)
+    bits 59..63  operation (1..31; 0 = no fingerprint)
+    bits 54..58  dtype index + 1 (0 = none)
+    bits 50..53  reduce op value + 1 (0 = none)
+    bits 39..49  root + 1 (0 = none; 2047 = a root of 2046 or more)
+    bit  38      the call runs device to device (NCCL): ranks on another route never match
+    bits  0..37  element count (modulo 2**38)
 """
 
 from __future__ import annotations
@@ -26,20 +27,23 @@ OPERATIONS = (
     "scatter",
     "all_to_all",
     "barrier",
-    # Calls made of several steps, each run as one call with a fingerprint of its own
-    # (this takes codes 1..15, all the 4 bits hold: another one needs a wider field).
+    # Calls made of several steps, each run as one call with a fingerprint of its own.
     "broadcast_object_list",
     "all_gather_object",
     "gather_object",
     "scatter_object_list",
     "all_to_all_single",
     "monitored_barrier",
+    # A group's choice of engine for CUDA tensors, in its first call on them.
+    "cuda_route",
 )
 _OPERATION_CODE = {name: code for code, name in enumerate(OPERATIONS, start=1)}
 _DTYPE_CODE = {dt.name: code for code, dt in enumerate(ALL_DTYPES, start=1)}
-_COUNT_BITS = 40
+_COUNT_BITS = 38
 #: The element count's bits of a fingerprint.
 COUNT_MASK = (1 << _COUNT_BITS) - 1
+#: The bit that marks a call running device to device (the NCCL engine).
+DIRECT = 1 << _COUNT_BITS
 _ROOT_LIMIT = 2047
 
 
@@ -49,34 +53,40 @@ def fingerprint(
     count: int = 0,
     op: ReduceOp | None = None,
     root: int | None = None,
+    *,
+    direct: bool = False,
 ) -> int:
     """The fingerprint of one call (as every rank of the call should compute it)."""
-    value = _OPERATION_CODE[operation] << 60
+    value = _OPERATION_CODE[operation] << 59
     if dtype is not None:
-        value |= _DTYPE_CODE[dtype.name] << 55
+        value |= _DTYPE_CODE[dtype.name] << 54
     if op is not None:
-        value |= (op.value + 1) << 51
+        value |= (op.value + 1) << 50
     if root is not None:
-        value |= min(root + 1, _ROOT_LIMIT) << 40
+        value |= min(root + 1, _ROOT_LIMIT) << 39
+    if direct:
+        value |= DIRECT
     return value | (count & COUNT_MASK)
 
 
 def describe(value: int) -> str:
     """A fingerprint as words, e.g. ``all_reduce(float32 x 100, op=SUM)``."""
-    code = value >> 60
+    code = value >> 59
     if not 1 <= code <= len(OPERATIONS):
         return f"an unknown call (fingerprint {value:#x})"
     parts = []
-    dtype_code = (value >> 55) & 0x1F
+    dtype_code = (value >> 54) & 0x1F
     if dtype_code:
         dtype_name = ALL_DTYPES[dtype_code - 1].name if dtype_code <= len(ALL_DTYPES) else "?"
         parts.append(f"{dtype_name} x {value & COUNT_MASK}")
     elif value & COUNT_MASK:  # a count without a dtype: broadcast_object_list's objects
         parts.append(f"{value & COUNT_MASK} items")
-    op_code = (value >> 51) & 0xF
+    op_code = (value >> 50) & 0xF
     if op_code:
         parts.append(f"op={ReduceOp(op_code - 1).name}" if op_code - 1 < len(ReduceOp) else "op=?")
-    root = (value >> 40) & 0x7FF
+    root = (value >> 39) & 0x7FF
     if root:
         parts.append(f"root={root - 1}" if root < _ROOT_LIMIT else "root>=2046")
+    if value & DIRECT:
+        parts.append("device to device through NCCL")
     return f"{OPERATIONS[code - 1]}({', '.join(parts)})"

@@ -21,14 +21,16 @@ from ferrodist.core import (
     ReduceOp,
     Tensor,
     reducer,
+    uint8,
 )
-from ferrodist.transport import Transport
+from ferrodist.transport import DeviceEngine, GroupInfo, Transport
 
-from . import _device, _direct, _doubling, _native, _ring, _tree
+from . import _direct, _doubling, _native, _ring, _tree
 from ._call import Call
-from ._checks import Checker, flats, split_equally, wire_dtype
+from ._checks import Checker, device_blocks, split_equally, wire_dtype
+from ._device import RECORD_BYTES, DeviceRoute, device_type
 from ._fingerprint import fingerprint
-from ._host import HostCollectives
+from ._host import BoundHost, HostCollectives
 from ._monitor import MonitoredBarrier
 from ._objects import ObjectCollectives
 from ._p2p import PointToPoint
@@ -59,6 +61,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         timeout: float,
         name: str,
         debug: bool = False,
+        cuda_route: str = "auto",
     ) -> None:
         self._transport = transport
         self._debug = debug
@@ -83,6 +86,8 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         # root, fingerprint): later calls of the same kind go straight to the transport.
         self._fast_plans: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
         self._destroyed = False
+        # The engine for CUDA tensors: chosen in the group's first call on them.
+        self._devices = DeviceRoute(cuda_route)
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -160,6 +165,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             timeout=self._timeout if timeout is None else timeout,
             name=f"{group_id}{list(ranks)}",
             debug=self._debug,
+            cuda_route=self._devices.requested,
         )
         self._children.add(child)
         return child
@@ -184,18 +190,45 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         op: ReduceOp | None = None,
         algorithm: str | None = None,
         nbytes: int = 0,
-    ) -> tuple[Any, Any]:
-        """Where a call runs, decided here for every collective: ``(device engine, None)``
-        for device tensors; else ``(None, the transport's own collectives)`` where they can
-        do this call (dtype, op; all_reduce up to their size limit) and the caller named none
-        of our algorithms; else ``(None, None)``: our algorithms over the transport."""
-        dev = _device.engine(self._global_rank, operation, tensors)
+    ) -> tuple[DeviceEngine | None, Any]:
+        """Where a call runs: ``(the group's device engine, None)`` for CUDA tensors (chosen
+        in the group's first call on them, see ``_device``); else ``(None, the transport's
+        own collectives)`` where they can do this call (dtype, op; all_reduce up to their
+        size limit) and the caller named none of our algorithms; else ``(None, None)``: our
+        algorithms over the transport."""
+        if device_type(self._global_rank, operation, tensors) is not None:
+            return self._devices.for_call(self._device_engine(), tensors[0].dtype, op), None
         native = self._native
-        if dev is not None or native is None or algorithm not in (None, "auto"):
-            return dev, None
+        if native is None or algorithm not in (None, "auto"):
+            return None, None
         if not native.supports(tensors[0].dtype, op) or nbytes > native.all_reduce_up_to:
             return None, None
         return None, native
+
+    def _device_engine(self) -> DeviceEngine:
+        """The group's engine for CUDA tensors; the first time, the route is chosen in a
+        call of its own (``cuda_route``) that every rank runs at this point."""
+        devices = self._devices
+        engine = devices.engine
+        if engine is not None:
+            return engine
+        with devices.lock:
+            if devices.engine is None:
+                rank = self._member_rank("cuda_route")
+                info = GroupInfo(self._name, rank, self.size, self._timeout)
+                fp = fingerprint("cuda_route", uint8, RECORD_BYTES)
+                self._runner.launch(
+                    "cuda_route", lambda call: devices.setup(call, info), fp, async_op=False, timeout=None
+                )
+            assert devices.engine is not None  # setup raised otherwise
+            return devices.engine
+
+    @property
+    def cuda_route(self) -> str | None:
+        """The engine this group's CUDA tensors go through (``"nccl"`` or ``"staged"``), or
+        None before its first collective on CUDA tensors chose it."""
+        choice = self._devices.choice
+        return None if choice is None else choice.engine
 
     def _checker(self, operation: str) -> Checker:
         self._member_rank(operation)
@@ -249,11 +282,12 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         x = t.flat()
         dev, native = self._route("all_reduce", [t], reduce_op, algorithm, t.nbytes)
         wire = wire_dtype(check, compress, t, dev)
-        fp = fingerprint("all_reduce", wire, t.numel, reduce_op)
+        fp = fingerprint("all_reduce", wire, t.numel, reduce_op, direct=dev is not None and dev.direct)
         if dev is not None:
+            host = self._host
             return self._runner.launch(
                 "all_reduce",
-                lambda call: dev.all_reduce(call, x, t.dtype, reduce_op, divisor, wire, self._host),
+                lambda call: dev.all_reduce(call, BoundHost(host, call), t, reduce_op, wire),
                 fp,
                 async_op=async_op,
                 timeout=timeout,
@@ -300,13 +334,14 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         root = check.root(src, self.size, "src")
         t = check.tensor(tensor, writeable=self._rank != root)
         x = t.flat()
-        fp = fingerprint("broadcast", t.dtype, t.numel, root=root)
         dev, native = self._route("broadcast", [t])
+        fp = fingerprint("broadcast", t.dtype, t.numel, root=root, direct=dev is not None and dev.direct)
         if native is not None and type(tensor) is np.ndarray:
             self._remember(("broadcast", tensor.dtype, t.numel, src), (t.dtype, root, fp), tensor)
+        host = self._host
         return self._runner.launch(
             "broadcast",
-            (lambda call: dev.broadcast(call, x, root, t.dtype, self._host))
+            (lambda call: dev.broadcast(call, BoundHost(host, call), t, root))
             if dev
             else (lambda call: native.broadcast(x, root, t.dtype, call.deadline, call.fingerprint, call.seq))
             if native
@@ -341,11 +376,12 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         kernel = reducer(t.dtype, reduce_op)
         divisor = float(self.size) if reduce_op is ReduceOp.AVG else 1.0
         x = t.flat()
-        fp = fingerprint("reduce", t.dtype, t.numel, reduce_op, root)
         dev, native = self._route("reduce", [t], reduce_op)
+        fp = fingerprint("reduce", t.dtype, t.numel, reduce_op, root, direct=dev is not None and dev.direct)
+        host = self._host
         return self._runner.launch(
             "reduce",
-            (lambda call: dev.reduce(call, x, root, t.dtype, reduce_op, divisor, self._host))
+            (lambda call: dev.reduce(call, BoundHost(host, call), t, root, reduce_op))
             if dev
             else (lambda call: native.reduce(x, root, t.dtype, reduce_op, call.deadline, call.fingerprint, call.seq))
             if native
@@ -386,9 +422,12 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             key = ("all_gather", tensor.dtype, t.numel, output.dtype, output.size)
             self._remember(key, (t.dtype, None, fingerprint("all_gather", t.dtype, t.numel)), tensor, output)
 
+        tensors = device_blocks(blocks, t.dtype) if dev else []
+        host = self._host
+
         def body(call: Call) -> None:
             if dev:
-                dev.all_gather(call, x, blocks, t.dtype, self._host)
+                dev.all_gather(call, BoundHost(host, call), t, tensors)
                 return
             if native:
                 _native.all_gather(native, call, x, blocks, t.dtype)
@@ -396,7 +435,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             blocks[call.rank][...] = x
             _ring.all_gather(call, blocks)
 
-        fp = fingerprint("all_gather", t.dtype, t.numel)
+        fp = fingerprint("all_gather", t.dtype, t.numel, direct=dev is not None and dev.direct)
         return self._runner.launch("all_gather", body, fp, async_op=async_op, timeout=timeout, shape=t.shape)
 
     def reduce_scatter(
@@ -442,9 +481,12 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             plan = (out_t.dtype, reduce_op, fingerprint("reduce_scatter", out_t.dtype, out_t.numel, reduce_op))
             self._remember(key, plan, output, input)
 
+        tensors = device_blocks(blocks, out_t.dtype) if dev else []
+        host = self._host
+
         def body(call: Call) -> None:
             if dev:
-                dev.reduce_scatter(call, out, blocks, out_t.dtype, reduce_op, divisor, self._host)
+                dev.reduce_scatter(call, BoundHost(host, call), out_t, tensors, reduce_op)
             elif call.size == 1:
                 out[...] = blocks[0]
             elif native:
@@ -452,7 +494,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             else:
                 _ring.reduce_scatter(call, out, blocks, kernel, divisor)
 
-        fp = fingerprint("reduce_scatter", out_t.dtype, out_t.numel, reduce_op)
+        fp = fingerprint("reduce_scatter", out_t.dtype, out_t.numel, reduce_op, direct=dev is not None and dev.direct)
         return self._runner.launch("reduce_scatter", body, fp, async_op=async_op, timeout=timeout, shape=out_t.shape)
 
     def gather(
@@ -484,11 +526,12 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             check.absent(gather_list, "gather_list", "dst", root)
             blocks = None
         x = t.flat()
-        fp = fingerprint("gather", t.dtype, t.numel, root=root)
         dev, native = self._route("gather", [t, *check.seen])
+        fp = fingerprint("gather", t.dtype, t.numel, root=root, direct=dev is not None and dev.direct)
+        tensors = device_blocks(blocks, t.dtype) if dev and blocks is not None else None
         return self._runner.launch(
             "gather",
-            (lambda call: dev.gather(call, x, blocks, root))
+            (lambda call: dev.gather(call, t, tensors, root))
             if dev
             else (lambda call: _native.gather(native, call, x, blocks, root, t.dtype))
             if native
@@ -528,11 +571,12 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             check.absent(scatter_list, "scatter_list", "src", root)
             blocks = None
         x = t.flat()
-        fp = fingerprint("scatter", t.dtype, t.numel, root=root)
         dev, native = self._route("scatter", [t, *check.seen])
+        fp = fingerprint("scatter", t.dtype, t.numel, root=root, direct=dev is not None and dev.direct)
+        tensors = device_blocks(blocks, t.dtype) if dev and blocks is not None else None
         return self._runner.launch(
             "scatter",
-            (lambda call: dev.scatter(call, x, blocks, root))
+            (lambda call: dev.scatter(call, t, tensors, root))
             if dev
             else (lambda call: _native.scatter(native, call, x, blocks, root, t.dtype))
             if native
@@ -562,12 +606,13 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
                 raise check.fail(f"outputs[{i}] / inputs[{i}] mix dtypes; use {ins[0].dtype.name} throughout")
         me = self._member_rank("all_to_all")
         check.same_kind(ins[me], outs[me], f"inputs[{me}] (kept by this rank)")
-        out_flat, in_flat = flats(outs), flats(ins)
-        fp = fingerprint("all_to_all", ins[0].dtype)  # block sizes may differ per pair: not in the fingerprint
+        out_flat, in_flat = [o.flat() for o in outs], [t.flat() for t in ins]
         dev, _ = self._route("all_to_all", [*outs, *ins])  # no transport has its own all_to_all
+        # Block sizes may differ per pair: they are not in the fingerprint.
+        fp = fingerprint("all_to_all", ins[0].dtype, direct=dev is not None and dev.direct)
         return self._runner.launch(
             "all_to_all",
-            (lambda call: dev.all_to_all(call, out_flat, in_flat))
+            (lambda call: dev.all_to_all(call, outs, ins))
             if dev
             else (lambda call: _direct.all_to_all(call, out_flat, in_flat)),
             fp,
@@ -594,3 +639,4 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         self._host = HostCollectives(None)
         if native is not None:
             native.free()
+        self._devices.close()

@@ -23,7 +23,7 @@ from ._checks import Blocks
 from ._fingerprint import COUNT_MASK
 from ._select import all_reduce_algorithm
 
-__all__ = ["HostCollectives"]
+__all__ = ["BoundHost", "HostCollectives"]
 
 
 class HostCollectives:
@@ -105,6 +105,31 @@ class HostCollectives:
             return
         divisor = float(call.size) if op is ReduceOp.AVG else 1.0
         _ring.reduce_scatter(call, out, blocks, reducer(dt, op), divisor)
+
+
+class BoundHost:
+    """:class:`HostCollectives` bound to one running call: the ``HostRoute`` a device engine
+    is handed (``ferrodist.transport.HostRoute``)."""
+
+    __slots__ = ("_call", "_host")
+
+    def __init__(self, host: HostCollectives, call: Call) -> None:
+        self._host, self._call = host, call
+
+    def all_reduce(self, x: Array, dt: DType, op: ReduceOp) -> None:
+        self._host.all_reduce(self._call, x, dt, op)
+
+    def broadcast(self, x: Array, root: int, dt: DType) -> None:
+        self._host.broadcast(self._call, x, root, dt)
+
+    def reduce(self, x: Array, root: int, dt: DType, op: ReduceOp) -> None:
+        self._host.reduce(self._call, x, root, dt, op)
+
+    def all_gather(self, x: Array, out: Array, dt: DType) -> None:
+        self._host.all_gather(self._call, x, out, dt)
+
+    def reduce_scatter(self, out: Array, inp: Array, dt: DType, op: ReduceOp) -> None:
+        self._host.reduce_scatter(self._call, out, inp, dt, op)
 
 
 def _whole(array: Array, size: int) -> Blocks:

@@ -7,14 +7,14 @@ the group's timeout (or the caller's); an aborted group fails them at once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from ferrodist.core import FerrodistError, GroupAborted, InvalidRank, ReduceOp, Tensor
-from ferrodist.transport import Transport
+from ferrodist.core import FerrodistError, GroupAborted, InvalidRank
+from ferrodist.transport import DeviceMessages, Transport
 
 from ._call import MAX_USER_TAG, p2p_tag
 from ._checks import Checker
+from ._device import device_type, messages
 from ._runner import Runner
 from ._timeouts import Timeout
 from ._work import RequestWork, Work
@@ -36,16 +36,6 @@ class PointToPoint:
     def _checker(self, operation: str) -> Checker:
         raise NotImplementedError
 
-    def _route(
-        self,
-        operation: str,
-        tensors: Sequence[Tensor],
-        op: ReduceOp | None = None,
-        algorithm: str | None = None,
-        nbytes: int = 0,
-    ) -> tuple[Any, Any]:
-        raise NotImplementedError
-
     def _p2p(
         self, operation: str, tensor: Any, peer: int, tag: int, *, writeable: bool
     ) -> tuple[Any, int, int, str, Any]:
@@ -57,10 +47,11 @@ class PointToPoint:
             raise check.fail(f"tag must be an integer in 0..{MAX_USER_TAG}, not {tag!r}")
         t = check.tensor(tensor, writeable=writeable)
         context = f"rank {self._global_rank}: {operation} with group rank {peer_rank} (tag {tag}) on group {self._name}"
-        dev, _ = self._route(operation, [t])
-        return t.flat(), self._ranks[peer_rank], p2p_tag(self._group_id, tag), context, dev
+        # Device tensors are staged through host memory on every route (see _device).
+        dev = messages(self._global_rank, operation) if device_type(self._global_rank, operation, [t]) else None
+        return (t if dev else t.flat()), self._ranks[peer_rank], p2p_tag(self._group_id, tag), context, dev
 
-    def _start(self, x: Any, peer: int, tag: int, dev: Any, *, sending: bool) -> Any:
+    def _start(self, x: Any, peer: int, tag: int, dev: DeviceMessages | None, *, sending: bool) -> Any:
         if dev is not None:
             return (dev.isend if sending else dev.irecv)(self._transport, x, peer, tag)
         return (self._transport.isend if sending else self._transport.irecv)(x, peer, tag)

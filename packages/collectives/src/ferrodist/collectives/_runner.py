@@ -27,6 +27,13 @@ from ._work import Work, Worker
 Body = Callable[[Call], None]
 
 
+def foreign(exc: Exception) -> FerrodistError:
+    """A ferrodist error for an exception raised by other code inside a call (a CUDA
+    library, a user's object): the call then fails, and the group aborts, on every rank,
+    as for ferrodist's own errors; the original is the new error's ``__cause__``."""
+    return FerrodistError(f"{type(exc).__name__}: {exc}")
+
+
 class Runner:
     """The call machinery of one group on this rank."""
 
@@ -93,6 +100,8 @@ class Runner:
                 body(call)
             except FerrodistError as exc:
                 raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
+            except Exception as exc:  # not ours (a CUDA library's, a bug): fail the call everywhere too
+                raise self._fail(foreign(exc), operation, seq).with_traceback(exc.__traceback__) from exc
             finally:
                 self.order.done(seq)
 
@@ -117,6 +126,8 @@ class Runner:
             run(time.monotonic() + self.timeout, seq)
         except FerrodistError as exc:
             raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
+        except Exception as exc:
+            raise self._fail(foreign(exc), operation, seq).with_traceback(exc.__traceback__) from exc
         finally:
             order.done(seq)
 
@@ -136,6 +147,8 @@ class Runner:
             body(Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq))
         except FerrodistError as exc:
             raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
+        except Exception as exc:
+            raise self._fail(foreign(exc), operation, seq).with_traceback(exc.__traceback__) from exc
         finally:
             order.done(seq)
 

@@ -16,6 +16,7 @@ from ferrodist.transport import DEFAULT_TIMEOUT, MpiTransport, ShmTransport, Sim
 
 from ._backends import make_transport
 from ._debug import enabled_by_environment
+from ._device import requested_route
 from ._group import ProcessGroup
 from ._record import record_failure
 from ._timeouts import seconds
@@ -91,13 +92,16 @@ def init_process_group(
     timeout: float | timedelta = DEFAULT_TIMEOUT,
     transport: Transport | None = None,
     debug: bool | None = None,
+    cuda_route: str | None = None,
 ) -> ProcessGroup:
     """Create the default process group (the world) for this process, or this thread.
 
     Args:
-        backend: ``"tcp"`` (real processes, one machine or many), ``"simulated"`` (ranks as
-            threads of one process), or ``"auto"``: tcp when the environment describes a
-            job of several ranks, else a simulated world of one.
+        backend: ``"tcp"`` (real processes, one machine or many), ``"shm"`` (one machine),
+            ``"mpi"``, ``"simulated"`` (ranks as threads of one process), or ``"auto"``:
+            what fits the environment (a job of several ranks: shm on one host, tcp across
+            hosts, mpi under mpiexec; else a simulated world of one). ``"gloo"`` means
+            ``"auto"``; ``"nccl"`` means ``"auto"`` with ``cuda_route="nccl"``.
         init_method: ``"env://"`` (default: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
             ``WORLD_SIZE``, or the variables of mpiexec / SLURM) or ``"tcp://HOST:PORT"``.
         rank, world_size: override the environment. A simulated world of more than one
@@ -109,11 +113,25 @@ def init_process_group(
         debug: before every collective, check that all ranks are making the same call
             (operation, shape, dtype, op, root) and raise ``CollectiveMismatch`` listing
             what each rank called. Default: on when ``FERRODIST_DEBUG=detail``.
+        cuda_route: how collectives on CUDA tensors run, for this group and the groups
+            made from it: ``"auto"`` (default, or ``$FERRODIST_CUDA_ROUTE``): device to
+            device through NCCL when every rank has a GPU of its own and NCCL loads, else
+            staged through pinned host memory; ``"nccl"`` or ``"staged"`` force one. Every
+            rank must ask for the same; the choice is made once, in the group's first
+            collective on CUDA tensors, and logged.
 
     Returns:
         The world ``ProcessGroup``; module-level functions use it when ``group=None``.
     """
     timeout = seconds(timeout, "init_process_group")
+    if backend == "nccl":
+        if cuda_route not in (None, "nccl"):
+            raise InvalidArgument(
+                f"init_process_group: backend='nccl' sends CUDA tensors through NCCL, but cuda_route={cuda_route!r}; "
+                "pass one of them"
+            )
+        cuda_route = "nccl"
+    route = requested_route(cuda_route, rank=rank)
     # Simulated ranks handed in as transports are threads of one process: each thread gets
     # its own default group. A world this call builds itself belongs to the whole process.
     threaded = isinstance(transport, SimulatedTransport)
@@ -125,7 +143,7 @@ def init_process_group(
         except FerrodistError as exc:
             record_failure(exc)  # for the launcher: a peer that never arrived, or this rank's own error
             raise
-    elif backend not in ("simulated", "auto"):
+    elif backend not in ("simulated", "auto", "nccl"):
         raise InvalidArgument(f"init_process_group: pass either backend={backend!r} or transport=, not both")
     if rank is not None and rank != transport.rank:
         raise InvalidRank(f"init_process_group: rank={rank} but the transport is rank {transport.rank}")
@@ -147,6 +165,7 @@ def init_process_group(
             timeout=timeout,
             name="world",
             debug=enabled_by_environment() if debug is None else bool(debug),
+            cuda_route=route,
         )
         if threaded:
             _thread_default.group = world

@@ -21,7 +21,7 @@ from ferrodist.core import CollectiveMismatch, ReduceOp, Tensor
 
 from . import _direct
 from ._call import Array, Call
-from ._checks import Checker
+from ._checks import Checker, device_blocks
 from ._fingerprint import fingerprint
 from ._runner import Runner
 from ._timeouts import Timeout
@@ -236,6 +236,8 @@ class TensorCollectives:
         heard = np.zeros_like(told)
         outs, ins = pieces(out_t.flat(), expects, row), pieces(in_t.flat(), sends, row)
         dev, _ = self._route("all_to_all_single", [out_t, in_t])  # no transport has its own all_to_all
+        if dev is not None:
+            out_blocks, in_blocks = device_blocks(outs, out_t.dtype), device_blocks(ins, in_t.dtype)
         ranks = self._ranks
 
         def body(call: Call) -> None:
@@ -249,9 +251,9 @@ class TensorCollectives:
                     operation="all_to_all_single",
                 )
             if dev is not None:
-                dev.all_to_all(call, outs, ins)
+                dev.all_to_all(call, out_blocks, in_blocks)
             else:
                 _direct.all_to_all(call, outs, ins)
 
-        fp = fingerprint("all_to_all_single", in_t.dtype)
+        fp = fingerprint("all_to_all_single", in_t.dtype, direct=dev is not None and dev.direct)
         return self._runner.launch("all_to_all_single", body, fp, async_op=async_op, timeout=timeout)

@@ -1,26 +1,61 @@
-"""The one door to ``numba.cuda`` for core: device arrays in and out, imported lazily.
+"""The one CUDA module of ferrodist: ``numba.cuda`` and the CUDA driver (cuda-python), both
+imported lazily; the simulator check; the one map from CUDA status codes to ferrodist
+errors; and the rule that every thread calling CUDA first makes its device's primary
+context current (:func:`on_device`).
 
-Core never imports ``numba.cuda`` at import time. Everything here works the same on a
-real GPU and under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``), where "device
-memory" is host memory and device arrays are ``FakeCUDAArray`` wrappers of numpy arrays.
+Everything here works the same on a real GPU and under Numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``), where "device memory" is host memory, device arrays are
+``FakeCUDAArray`` wrappers of numpy arrays, and :data:`SIMULATED` stands in for the driver
+(it refuses calls from a thread without a current context, as the driver does).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import threading
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 
-from ._errors import DeviceUnavailable, InvalidArgument
+from ._cuda_sim import INVALID_CONTEXT, SimulatedDriver
+from ._errors import DeviceUnavailable, FerrodistError, InvalidArgument
 
-__all__ = ["array_from_interface", "cuda", "device_index", "device_pointer", "is_device_array", "simulated"]
+__all__ = [
+    "SIMULATED",
+    "array_from_interface",
+    "check",
+    "cuda",
+    "current_device",
+    "device_index",
+    "device_of",
+    "device_pointer",
+    "driver",
+    "error",
+    "is_device_array",
+    "on_device",
+    "simulated",
+]
 
 _HOW = (
     "install the NVIDIA driver and numba-cuda (pip install ferrodist-gpu) on a machine with a CUDA GPU, "
     "or set NUMBA_ENABLE_CUDASIM=1 before the first import of numba.cuda to use Numba's CUDA simulator"
 )
+
+#: The driver under Numba's CUDA simulator.
+SIMULATED = SimulatedDriver()
+
+_lock = threading.Lock()
+_local = threading.local()  # .attached: this thread has passed cuda() once
+_started: set[int] = set()  # id() of drivers cuInit was called on
+_numba_started: list[bool] = []  # [True] once numba's driver was initialised (under _lock)
+_primary: dict[tuple[int, int], Any] = {}  # (id(driver), device) -> its primary context, retained
+
+
+# ---------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------
 
 
 @functools.cache
@@ -32,14 +67,6 @@ def _load() -> Any:
     return module
 
 
-def cuda(operation: str = "a CUDA tensor") -> Any:
-    """``numba.cuda``, or ``DeviceUnavailable`` saying what to install when there is no device."""
-    module = _load()
-    if not module.is_available():
-        raise DeviceUnavailable(f"{operation} needs a CUDA device, and none is usable here; {_HOW}")
-    return module
-
-
 def simulated() -> bool:
     """True when Numba's CUDA simulator stands in for the GPU."""
     from numba import config
@@ -47,18 +74,239 @@ def simulated() -> bool:
     return bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
 
 
-def is_device_array(obj: object) -> bool:
-    """True for a Numba device array (or the simulator's stand-in), without importing numba.cuda."""
-    module = type(obj).__module__
-    return module.startswith(("numba.cuda.", "numba_cuda.")) and hasattr(obj, "copy_to_host")
+@functools.cache
+def _real_driver() -> Any:
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        try:
+            from cuda import cuda as cu  # type: ignore[attr-defined, no-redef]  # cuda-python before 12.6
+        except ImportError:
+            raise DeviceUnavailable(
+                "ferrodist calls the CUDA driver through cuda-python: pip install cuda-python "
+                "(or numba-cuda[cu12] / numba-cuda[cu13])"
+            ) from None
+    return cu
+
+
+def driver() -> Any:
+    """cuda-python's driver module (``cuda.bindings.driver``), or :data:`SIMULATED` under the
+    simulator. Raises ``DeviceUnavailable`` naming what to install when it is missing."""
+    return SIMULATED if simulated() else _real_driver()
+
+
+def cuda(operation: str = "a CUDA tensor") -> Any:
+    """``numba.cuda``, ready in the calling thread: the driver initialised once per process
+    (under a lock: Numba's own first initialisation is not safe from several threads at
+    once) and, in a thread without a current context, the current device's primary context
+    made current. ``DeviceUnavailable`` says what to install when there is no device."""
+    module = _load()
+    if not _numba_started:
+        with _lock:
+            if not _numba_started:
+                module.is_available()  # cuInit, once, while no other thread can race it
+                _numba_started.append(True)
+    if not module.is_available():
+        raise DeviceUnavailable(f"{operation} needs a CUDA device, and none is usable here; {_HOW}")
+    if not _local.__dict__.get("attached"):
+        on_device(None)  # a context for this thread, kept (this thread had none)
+        _local.attached = True
+    return module
+
+
+# ---------------------------------------------------------------------------------------
+# Status codes
+# ---------------------------------------------------------------------------------------
+
+#: Errors that mean "no usable GPU here" rather than a bug in the call.
+_NO_DEVICE = frozenset(
+    {
+        "CUDA_ERROR_NO_DEVICE",
+        "CUDA_ERROR_INVALID_DEVICE",
+        "CUDA_ERROR_DEVICE_UNAVAILABLE",
+        "CUDA_ERROR_DEVICE_NOT_LICENSED",
+        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+        "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+        "CUDA_ERROR_STUB_LIBRARY",
+        "CUDA_ERROR_SYSTEM_NOT_READY",
+        "CUDA_ERROR_NOT_SUPPORTED",
+    }
+)
+_BAD_ARGUMENT = frozenset({"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_INVALID_HANDLE"})
+
+
+def _text(result: Any) -> str:
+    value = result[1] if isinstance(result, tuple) and len(result) > 1 else b""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
+
+
+def error(err: Any, operation: str, *, rank: int | None = None, cu: Any = None) -> FerrodistError:
+    """The ferrodist error for a failed CUDA driver call (one map for the whole project):
+    ``DeviceUnavailable`` when there is no usable GPU, ``InvalidArgument`` for a bad value
+    or handle, else ``FerrodistError``; each says what to do."""
+    cu = driver() if cu is None else cu
+    name = getattr(err, "name", None)
+    try:
+        name = name or _text(cu.cuGetErrorName(err)) or f"CUDA error {int(err)}"
+        text = _text(cu.cuGetErrorString(err))
+    except Exception:  # the driver itself is unusable: its name is all there is
+        name, text = name or f"CUDA error {int(err)}", ""
+    where = f"rank {rank}: " if rank is not None else ""
+    message = f"{where}{operation} failed: {name}" + (f" ({text})" if text else "")
+    cls: type[FerrodistError] = FerrodistError
+    if name in _NO_DEVICE:
+        cls = DeviceUnavailable
+        message += f"; no usable CUDA GPU here (check nvidia-smi and CUDA_VISIBLE_DEVICES); {_HOW}"
+    elif name in _BAD_ARGUMENT:
+        cls = InvalidArgument
+    elif int(err) == INVALID_CONTEXT:
+        message += (
+            "; no CUDA context is current in this thread: ferrodist makes one current before its own calls, "
+            "so from your own code call ferrodist.core.cuda.on_device(index) (or torch.cuda.set_device) first"
+        )
+    else:
+        message += "; the GPU or its driver is in trouble (see nvidia-smi)"
+    return cls(message, rank=rank, operation=operation)
+
+
+def check(result: Any, operation: str, *, rank: int | None = None, cu: Any = None) -> Any:
+    """Unpack a driver result ``(status, *values)``: the value (or values, or None), or
+    raise :func:`error`'s exception."""
+    if isinstance(result, tuple):
+        err, values = result[0], result[1:]
+    else:
+        err, values = result, ()
+    if int(err) != 0:
+        raise error(err, operation, rank=rank, cu=cu)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+# ---------------------------------------------------------------------------------------
+# Contexts
+# ---------------------------------------------------------------------------------------
+
+
+class _Kept:
+    """What :func:`on_device` returns when nothing is to be undone."""
+
+    def __enter__(self) -> _Kept:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _Pushed:
+    """Pops the context :func:`on_device` pushed over another device's."""
+
+    def __init__(self, cu: Any) -> None:
+        self._cu = cu
+
+    def __enter__(self) -> _Pushed:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        check(self._cu.cuCtxPopCurrent(), "cuCtxPopCurrent", cu=self._cu)
+
+
+_KEPT = _Kept()
+
+
+def _start(cu: Any) -> None:
+    if id(cu) not in _started:
+        with _lock:
+            if id(cu) not in _started:
+                check(cu.cuInit(0), "cuInit", cu=cu)
+                _started.add(id(cu))
+
+
+def _primary_context(cu: Any, index: int) -> Any:
+    key = (id(cu), index)
+    context = _primary.get(key)
+    if context is None:
+        with _lock:
+            context = _primary.get(key)
+            if context is None:
+                device = check(cu.cuDeviceGet(index), f"cuDeviceGet({index})", cu=cu)
+                context = check(cu.cuDevicePrimaryCtxRetain(device), f"cuDevicePrimaryCtxRetain({index})", cu=cu)
+                _primary[key] = context  # retained for the life of the process
+    return context
+
+
+def on_device(index: int | None = None, *, cu: Any = None) -> _Kept | _Pushed:
+    """Make device ``index``'s primary context current in the calling thread.
+
+    Every thread that calls CUDA does this first: the ranks of ``run_world``, a group's
+    async worker, DDP hooks in an autograd thread, a user's own threads. In a thread with
+    no current context, the context stays current afterwards; where it already is
+    current, nothing happens; over another device's context it is pushed, and popped when
+    the returned object is used as a context manager and exits (use ``with``).
+    ``index=None`` keeps whatever context is current, else takes device 0's.
+
+    Example::
+
+        with on_device(tensor.device.index):
+            ...  # driver calls and kernel launches on that device
+    """
+    cu = driver() if cu is None else cu
+    _start(cu)
+    current = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent", cu=cu)
+    current = int(current or 0)
+    if index is None:
+        if current:
+            return _KEPT
+        index = 0
+    wanted = _primary_context(cu, index)
+    if current == int(wanted):
+        return _KEPT
+    if not current:
+        check(cu.cuCtxSetCurrent(wanted), "cuCtxSetCurrent", cu=cu)
+        return _KEPT
+    check(cu.cuCtxPushCurrent(wanted), "cuCtxPushCurrent", cu=cu)
+    return _Pushed(cu)
+
+
+def current_device() -> int:
+    """The ordinal of the device whose context is current in this thread (0 when none is,
+    and under the simulator)."""
+    if simulated():
+        return 0
+    cu = driver()
+    _start(cu)
+    if not int(check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent", cu=cu) or 0):
+        return 0
+    return int(check(cu.cuCtxGetDevice(), "cuCtxGetDevice", cu=cu))
 
 
 def device_index() -> int:
     """The current CUDA device's ordinal (0 under the simulator)."""
-    module = cuda()
-    if simulated():
-        return 0
-    return int(module.get_current_device().id)
+    cuda()
+    return current_device()
+
+
+def device_of(array: Any) -> int:
+    """The ordinal of the device a device array's memory is on (the current device for an
+    empty array, and 0 under the simulator)."""
+    if simulated() or not array.size:
+        return current_device()
+    cu = driver()
+    attribute = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    return int(check(cu.cuPointerGetAttribute(attribute, device_pointer(array)), "cuPointerGetAttribute", cu=cu))
+
+
+# ---------------------------------------------------------------------------------------
+# Device arrays
+# ---------------------------------------------------------------------------------------
+
+
+def is_device_array(obj: object) -> bool:
+    """True for a Numba device array (or the simulator's stand-in), without importing numba.cuda."""
+    module = type(obj).__module__
+    return module.startswith(("numba.cuda.", "numba_cuda.")) and hasattr(obj, "copy_to_host")
 
 
 def device_pointer(array: Any) -> int:

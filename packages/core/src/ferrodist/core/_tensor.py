@@ -61,7 +61,8 @@ class Tensor:
         tensor = cls.__new__(cls)
         tensor._array = array
         tensor._dtype = dt
-        tensor._device = Device("cuda", _cuda.device_index())
+        _cuda.cuda("a CUDA tensor")  # numba ready, and a context in this thread
+        tensor._device = Device("cuda", _cuda.device_of(array))
         tensor._source = source
         return tensor
 
@@ -149,17 +150,17 @@ class Tensor:
         if dev.type == "cpu":
             if not self.is_cuda:
                 return self
-            host = self._array.copy_to_host()
+            _cuda.cuda(f"Tensor.to({str(dev)!r})")
+            with _cuda.on_device(self._device.index):
+                host = self._array.copy_to_host()
             return Tensor(host.view(self._dtype.numpy))
         if self.is_cuda and dev.index in (None, self._device.index):
             return self
         module = _cuda.cuda(f"Tensor.to({str(dev)!r})")
-        if dev.index not in (None, _cuda.device_index()):
-            if _cuda.simulated():
-                raise InvalidArgument(f"Tensor.to({str(dev)!r}): the CUDA simulator has only device 0")
-            with module.gpus[dev.index]:
-                return self._to_current_device(module)
-        return self._to_current_device(module)
+        if dev.index not in (None, 0) and _cuda.simulated():
+            raise InvalidArgument(f"Tensor.to({str(dev)!r}): the CUDA simulator has only device 0")
+        with _cuda.on_device(dev.index):
+            return self._to_current_device(module)
 
     def _to_current_device(self, module: Any) -> Tensor:
         host = self.numpy() if not self.is_cuda else self._array.copy_to_host()

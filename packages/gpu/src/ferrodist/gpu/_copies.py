@@ -12,79 +12,26 @@ legacy default stream (where PyTorch, CuPy and Numba put work unless told otherw
 and work issued on it later waits for them. Work on other streams must be synchronised
 by its owner before a collective reads the tensor.
 
-Under Numba's CUDA simulator "device memory" is host memory, and :data:`SIMULATED`
-stands in for the driver: the same calls, done at once with ``memmove``. Tests can hand
-:class:`Copies` any object with the driver's functions (see ``tests/gpu``).
+Under Numba's CUDA simulator "device memory" is host memory, and
+``ferrodist.core.cuda.SIMULATED`` stands in for the driver: the same calls, done at once
+with ``memmove``. Tests can hand :class:`Copies` any object with the driver's functions
+(see ``tests/gpu``). Every call needs a context current in the calling thread: the engine
+makes one current (``ferrodist.core.cuda.on_device``) before it stages.
 """
 
 from __future__ import annotations
 
-import ctypes
 import time
-from types import SimpleNamespace
 from typing import Any
 
 from ferrodist.core import CollectiveTimeout, FerrodistError
+from ferrodist.core import cuda as core_cuda
 
-__all__ = ["SIMULATED", "Copies", "driver"]
+__all__ = ["Copies"]
 
 #: How long a wait for a copy spins on ``cuEventQuery`` before it sleeps between queries.
 SPIN_SECONDS = 200e-6
 _NAP = 20e-6
-
-_OK = (0,)
-
-
-def _simulated_driver() -> Any:
-    """The driver calls the engine uses, for memory that is all host memory (the CUDA
-    simulator): copies happen when issued, so events are always complete."""
-
-    def copy(dst: int, src: int, nbytes: int, stream: Any) -> tuple[int]:
-        ctypes.memmove(dst, src, nbytes)
-        return _OK
-
-    def handle(flags: int) -> tuple[int, int]:
-        return 0, 0
-
-    def done(*args: Any) -> tuple[int]:
-        return _OK
-
-    return SimpleNamespace(
-        cuStreamCreate=handle,
-        cuEventCreate=handle,
-        cuMemcpyDtoHAsync=copy,
-        cuMemcpyHtoDAsync=copy,
-        cuEventRecord=done,
-        cuStreamWaitEvent=done,
-        cuEventQuery=done,
-        cuStreamSynchronize=done,
-        cuGetErrorName=lambda err: (0, f"error {int(err)}".encode()),
-        cuGetErrorString=lambda err: (0, b""),
-        CUresult=SimpleNamespace(CUDA_ERROR_NOT_READY=600),
-        CUstream_flags=SimpleNamespace(CU_STREAM_DEFAULT=0),
-        CUevent_flags=SimpleNamespace(CU_EVENT_DISABLE_TIMING=2),
-    )
-
-
-SIMULATED = _simulated_driver()
-
-
-def driver() -> Any:
-    """cuda-python's driver module (``cuda.bindings.driver``, or ``cuda.cuda`` before 12.6),
-    or a ``DeviceUnavailable`` naming what to install."""
-    try:
-        from cuda.bindings import driver as cu
-    except ImportError:
-        try:
-            from cuda import cuda as cu  # type: ignore[attr-defined, no-redef]
-        except ImportError:
-            from ferrodist.core import DeviceUnavailable
-
-            raise DeviceUnavailable(
-                "staged collectives on a GPU copy through cuda-python's driver bindings: "
-                "pip install cuda-python (or numba-cuda[cu12] / numba-cuda[cu13])"
-            ) from None
-    return cu
 
 
 class Copies:
@@ -96,6 +43,7 @@ class Copies:
     """
 
     def __init__(self, cu: Any, slots: int) -> None:
+        self.driver = cu
         self._cu = cu
         self._not_ready = int(cu.CUresult.CUDA_ERROR_NOT_READY)
         stream_flags = cu.CUstream_flags.CU_STREAM_DEFAULT
@@ -106,18 +54,10 @@ class Copies:
         self._upped = [self._check(cu.cuEventCreate(event_flags), "cuEventCreate") for _ in range(slots)]
 
     def _check(self, result: Any, what: str) -> Any:
-        err = result[0]
-        if err:
-            raise self._error(err, what)
-        return result[1] if len(result) > 1 else None
+        return core_cuda.check(result, what, cu=self._cu)
 
     def _error(self, err: Any, what: str) -> FerrodistError:
-        cu = self._cu
-        name = cu.cuGetErrorName(err)[1]
-        text = cu.cuGetErrorString(err)[1]
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        text = text.decode() if isinstance(text, bytes) else str(text)
-        return FerrodistError(f"{what} failed: {name} ({text}); the GPU or its driver is in trouble (see nvidia-smi)")
+        return core_cuda.error(err, what, cu=self._cu)
 
     # -- enqueue -----------------------------------------------------------------------------
     def down(self, host: int, device: int, nbytes: int) -> None:

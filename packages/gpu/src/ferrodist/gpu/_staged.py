@@ -1,8 +1,9 @@
 """Collectives on CUDA tensors, staged through pinned host memory and the group's CPU collectives.
 
 A ``ProcessGroup`` checks the arguments, fingerprints the call and keeps its deadline;
-for CUDA tensors it hands this engine the call, flat device arrays and its CPU route
-(``HostCollectives``). all_reduce, broadcast, reduce, all_gather and reduce_scatter copy
+for CUDA tensors on the staged route it hands this engine (a
+``ferrodist.transport.DeviceEngine``) the call, the tensors and its CPU route (a
+``HostRoute``). all_reduce, broadcast, reduce, all_gather and reduce_scatter copy
 the tensor to pinned host buffers, run the CPU collective there (the shared-memory
 pipelines, MPI's, or our ring and tree algorithms: whatever a numpy array of that size
 would take) and copy the result back:
@@ -16,6 +17,10 @@ Copies are raw asynchronous driver copies on the engine's own streams (``_copies
 address: no device-array views are made per call. Every rank ends with the same bits, as
 the CPU collective gives. gather, scatter, all_to_all and point-to-point stage whole
 blocks (every byte there has one source and one destination anyway).
+
+Every call first makes the tensor's device's primary context current in the thread that
+runs it (``ferrodist.core.cuda.on_device``): the caller's, a group's async worker, a DDP
+hook in an autograd thread. Each such thread has its own streams, events and buffers.
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import DType, InvalidArgument, ReduceOp, bfloat16, device_pointer, float32
+from ferrodist.core import DType, InvalidArgument, ReduceOp, Tensor, bfloat16, device_pointer, float32
+from ferrodist.core import cuda as core_cuda
+from ferrodist.transport import EngineCall, GroupInfo, HostRoute, Probe, Request, Transport
 
 from . import _copies, _cuda_kernels
 
-__all__ = ["StagedEngine", "StagingStats", "engine"]
+__all__ = ["StagedEngine", "StagedProvider", "StagingStats", "engine", "provider"]
 
 #: Default largest segment of a staged collective (``FERRODIST_GPU_SEGMENT_BYTES`` overrides).
 SEGMENT_BYTES = 4 << 20
@@ -62,15 +69,7 @@ class StagingStats:
 
 
 def _cuda() -> Any:
-    from numba import cuda
-
-    return cuda
-
-
-def _simulated() -> bool:
-    from numba import config
-
-    return bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
+    return core_cuda.numba_cuda("staged collectives on CUDA tensors")
 
 
 class _Kernels:
@@ -81,7 +80,7 @@ class _Kernels:
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(_cuda_kernels, name)
-        if not _simulated():
+        if not core_cuda.simulated():
             return fn
 
         def serialised(*args: Any, **kwargs: Any) -> Any:
@@ -103,7 +102,8 @@ def parts(n: int, per: int) -> list[tuple[int, int]]:
 
 
 class StagedEngine:
-    """Runs collectives on CUDA device arrays through pinned host buffers.
+    """Runs collectives on CUDA tensors through pinned host buffers (a ``DeviceEngine``,
+    and the ``DeviceMessages`` of every route).
 
     ``segment_bytes`` bounds every host buffer of all_reduce, broadcast, reduce,
     all_gather and reduce_scatter (gather, scatter, all_to_all and point-to-point stage
@@ -111,6 +111,9 @@ class StagedEngine:
     cuda-python's (the simulator's stand-in under ``NUMBA_ENABLE_CUDASIM=1``), or an object
     with the same functions (tests); a thread uses the one set when it first stages.
     """
+
+    name = "staged"
+    direct = False
 
     def __init__(self, segment_bytes: int = SEGMENT_BYTES, *, driver: Any = None) -> None:
         if segment_bytes < 64:
@@ -141,26 +144,38 @@ class StagedEngine:
     def _scratch(self, slot: int, count: int, dtype: np.dtype[Any]) -> Any:
         return self._buffer("device", slot, count, dtype)
 
+    def _driver(self) -> Any:
+        return core_cuda.driver() if self.driver is None else self.driver
+
+    def _on(self, x: Tensor) -> Any:
+        """Make ``x``'s device's context current in this thread (``with`` it)."""
+        _cuda()  # numba ready (its first initialisation under core's lock)
+        return core_cuda.on_device(x.device.index, cu=self._driver())
+
     def _copies(self) -> _copies.Copies:
-        """This thread's streams and events (made on its first staged call)."""
+        """This thread's streams and events (made on its first staged call, in the context
+        made current by the call)."""
         copies: _copies.Copies | None = self._local.__dict__.get("copies")
-        if copies is None:
-            cu = self.driver
-            if cu is None:
-                if _simulated():
-                    cu = _copies.SIMULATED
-                else:
-                    _cuda().current_context()  # the driver calls below need a context in this thread
-                    cu = _copies.driver()
-            copies = self._local.copies = _copies.Copies(cu, SLOTS)
+        if copies is None or copies.driver is not self._driver():
+            copies = self._local.copies = _copies.Copies(self._driver(), SLOTS)
         return copies
+
+    def supports(self, dt: DType, op: ReduceOp | None) -> bool:
+        """Every dtype and op of the CPU collectives (the host route does the arithmetic)."""
+        return True
+
+    def start(self, call: EngineCall) -> None:
+        """Nothing to prepare: the engine is one per process, its streams one per thread."""
+
+    def close(self) -> None:
+        """Nothing to release per group (buffers and streams belong to threads)."""
 
     def host_bytes(self) -> int:
         """Bytes of host staging buffers the calling thread holds."""
         pool: dict[tuple[str, int], Any] = self._local.__dict__.get("pool", {})
         return sum(buf.nbytes for (kind, _), buf in pool.items() if kind == "host")
 
-    def _run(self, call: Any, count: int, down: Step | None, work: Step, up: Step | None) -> None:
+    def _run(self, call: EngineCall, count: int, down: Step | None, work: Step, up: Step | None) -> None:
         """Run ``work(k, slot)`` (the CPU collective on host buffer ``slot``) for parts
         ``k = 0 .. count-1``. ``down(k, slot)`` queues part k's copies into the buffer,
         ``up(k, slot)`` its copies back; either may be None (a rank that only sends or only
@@ -189,7 +204,9 @@ class StagedEngine:
         if up is not None:
             copies.wait_up((count - 1) % SLOTS, deadline, rank)  # one stream: the last covers all
 
-    def _elementwise(self, call: Any, x: Any, dt: DType, work: Callable[[Any], None], down: bool, up: bool) -> None:
+    def _elementwise(
+        self, call: EngineCall, x: Any, dt: DType, work: Callable[[Any], None], down: bool, up: bool
+    ) -> None:
         """Stage ``x`` part by part for a collective that works element by element
         (all_reduce, broadcast, reduce): ``work(host part)`` runs the CPU collective."""
         itemsize = x.dtype.itemsize
@@ -217,33 +234,44 @@ class StagedEngine:
         self._run(call, len(windows), to_host if down else None, run, to_device if up else None)
 
     # -- all_reduce, broadcast, reduce -------------------------------------------------------
-    def all_reduce(self, call: Any, x: Any, dt: DType, op: ReduceOp, divisor: float, wire: DType, host: Any) -> None:
-        """all_reduce of the device array ``x``; ``wire=bfloat16`` for a float32 ``x``
-        reduces a bfloat16 copy made on the device (half the staged bytes)."""
+    def all_reduce(self, call: EngineCall, host: HostRoute, x: Tensor, op: ReduceOp, wire: DType) -> None:
+        """all_reduce of ``x``; ``wire=bfloat16`` for a float32 ``x`` reduces a bfloat16
+        copy made on the device (half the staged bytes)."""
         if call.size == 1:
             return  # AVG over one rank is the tensor itself
-        if wire is dt:
-            self._elementwise(call, x, dt, lambda part: host.all_reduce(call, part, dt, op), True, True)
-            return
-        if dt is not float32 or wire is not bfloat16:  # ProcessGroup checked this already
-            raise InvalidArgument(f"all_reduce: cannot compress {dt.name} to {wire.name}")
-        bits = self._scratch(1, x.shape[0], np.dtype(np.uint16))
-        kernels.cast(bits, bfloat16, x, float32)
-        self._elementwise(call, bits, bfloat16, lambda part: host.all_reduce(call, part, bfloat16, op), True, True)
-        kernels.cast(x, float32, bits, bfloat16)
+        dt, flat = x.dtype, x.flat()
+        with self._on(x):
+            if wire is dt:
+                self._elementwise(call, flat, dt, lambda part: host.all_reduce(part, dt, op), True, True)
+                return
+            if dt is not float32 or wire is not bfloat16:  # ProcessGroup checked this already
+                raise InvalidArgument(f"all_reduce: cannot compress {dt.name} to {wire.name}")
+            bits = self._scratch(1, flat.shape[0], np.dtype(np.uint16))
+            kernels.cast(bits, bfloat16, flat, float32)
+            self._elementwise(call, bits, bfloat16, lambda part: host.all_reduce(part, bfloat16, op), True, True)
+            kernels.cast(flat, float32, bits, bfloat16)
 
-    def broadcast(self, call: Any, x: Any, root: int, dt: DType, host: Any) -> None:
-        mine = call.rank == root
-        self._elementwise(call, x, dt, lambda part: host.broadcast(call, part, root, dt), mine, not mine)
+    def broadcast(self, call: EngineCall, host: HostRoute, x: Tensor, root: int) -> None:
+        mine, dt = call.rank == root, x.dtype
+        with self._on(x):
+            self._elementwise(call, x.flat(), dt, lambda part: host.broadcast(part, root, dt), mine, not mine)
 
-    def reduce(self, call: Any, x: Any, root: int, dt: DType, op: ReduceOp, divisor: float, host: Any) -> None:
+    def reduce(self, call: EngineCall, host: HostRoute, x: Tensor, root: int, op: ReduceOp) -> None:
         """Reduce into the root's ``x``; other ranks' ``x`` is left as it was."""
-        mine = call.rank == root
-        self._elementwise(call, x, dt, lambda part: host.reduce(call, part, root, dt, op), True, mine)
+        mine, dt = call.rank == root, x.dtype
+        with self._on(x):
+            self._elementwise(call, x.flat(), dt, lambda part: host.reduce(part, root, dt, op), True, mine)
 
     # -- all_gather and reduce_scatter -----------------------------------------------------
     def _blocked(
-        self, call: Any, n: int, dt: DType, gather: bool, single: Any, blocks: Sequence[Any], work: Callable[..., None]
+        self,
+        call: EngineCall,
+        n: int,
+        dt: DType,
+        gather: bool,
+        single: Tensor,
+        blocks: Sequence[Tensor],
+        work: Callable[..., None],
     ) -> None:
         """Stage a collective between one array of ``n`` elements per rank (``single``) and
         ``size`` blocks of ``n`` (``blocks``): all_gather copies ``single`` down and the
@@ -255,8 +283,8 @@ class StagedEngine:
         width = windows[0][1] - windows[0][0]
         views = [self._host(s, (p + 1) * width, dt.numpy) for s in range(min(SLOTS, len(windows)))]
         addresses = [v.ctypes.data for v in views]
-        base = device_pointer(single) if n else 0
-        block_bases = [device_pointer(b) if n else 0 for b in blocks]
+        base = single.data_ptr() if n else 0
+        block_bases = [b.data_ptr() if n else 0 for b in blocks]
         copies = self._copies()
 
         def one(k: int, slot: int, to_host: bool) -> None:
@@ -290,22 +318,20 @@ class StagedEngine:
         else:
             self._run(call, len(windows), lambda k, s: every(k, s, True), run, lambda k, s: one(k, s, False))
 
-    def all_gather(self, call: Any, x: Any, blocks: Sequence[Any], dt: DType, host: Any) -> None:
-        self._blocked(call, x.shape[0], dt, True, x, blocks, lambda mine, every: host.all_gather(call, mine, every, dt))
+    def all_gather(self, call: EngineCall, host: HostRoute, x: Tensor, blocks: Sequence[Tensor]) -> None:
+        dt = x.dtype
+        with self._on(x):
+            self._blocked(call, x.numel, dt, True, x, blocks, lambda mine, every: host.all_gather(mine, every, dt))
 
     def reduce_scatter(
-        self, call: Any, out: Any, blocks: Sequence[Any], dt: DType, op: ReduceOp, divisor: float, host: Any
+        self, call: EngineCall, host: HostRoute, out: Tensor, blocks: Sequence[Tensor], op: ReduceOp
     ) -> None:
         """``out`` = reduction over ranks of their ``blocks[rank]``; ``blocks`` are not modified."""
-        self._blocked(
-            call,
-            out.shape[0],
-            dt,
-            False,
-            out,
-            blocks,
-            lambda mine, every: host.reduce_scatter(call, mine, every, dt, op),
-        )
+        dt = out.dtype
+        with self._on(out):
+            self._blocked(
+                call, out.numel, dt, False, out, blocks, lambda mine, every: host.reduce_scatter(mine, every, dt, op)
+            )
 
     # -- whole blocks through Numba's copies --------------------------------------------------
     def _down(self, src: Any, host: Any) -> Any:
@@ -322,71 +348,83 @@ class StagedEngine:
             self.stats.add(to_device=host.nbytes)
 
     # -- direct: every byte has one source and one destination -----------------------------
-    def gather(self, call: Any, x: Any, blocks: Sequence[Any] | None, root: int) -> None:
+    def gather(self, call: EngineCall, x: Tensor, blocks: Sequence[Tensor] | None, root: int) -> None:
         call.agree()
-        if call.rank != root:
-            call.send(self._down(x, self._host(0, x.shape[0], x.dtype)), root)
-            return
-        assert blocks is not None
-        n = x.shape[0]
-        staged = self._host(0, n * call.size, x.dtype)
-        peers = [k for k in range(call.size) if k != root]
-        call.wait_all([call.irecv(staged[k * n : (k + 1) * n], k) for k in peers])
-        for k in peers:
-            self._up(staged[k * n : (k + 1) * n], blocks[k])
-        if n and blocks[root] is not x:
-            blocks[root].copy_to_device(x)
+        flat = x.flat()
+        with self._on(x):
+            if call.rank != root:
+                call.send(self._down(flat, self._host(0, flat.shape[0], flat.dtype)), root)
+                return
+            assert blocks is not None  # the group checked: the root passes them
+            n = flat.shape[0]
+            staged = self._host(0, n * call.size, flat.dtype)
+            peers = [k for k in range(call.size) if k != root]
+            call.wait_all([call.irecv(staged[k * n : (k + 1) * n], k) for k in peers])
+            for k in peers:
+                self._up(staged[k * n : (k + 1) * n], blocks[k].flat())
+            if n and blocks[root].data_ptr() != x.data_ptr():
+                blocks[root].flat().copy_to_device(flat)
 
-    def scatter(self, call: Any, x: Any, blocks: Sequence[Any] | None, root: int) -> None:
+    def scatter(self, call: EngineCall, x: Tensor, blocks: Sequence[Tensor] | None, root: int) -> None:
         call.agree()
-        n = x.shape[0]
-        if call.rank != root:
-            staged = self._host(0, n, x.dtype)
-            call.recv(staged, root)
-            self._up(staged, x)
-            return
-        assert blocks is not None
-        staged = self._host(0, n * call.size, x.dtype)
-        peers = [k for k in range(call.size) if k != root]
-        sends = [call.isend(self._down(blocks[k], staged[k * n : (k + 1) * n]), k) for k in peers]
-        if n:
-            x.copy_to_device(blocks[root])
-        call.wait_all(sends)
+        flat = x.flat()
+        n = flat.shape[0]
+        with self._on(x):
+            if call.rank != root:
+                staged = self._host(0, n, flat.dtype)
+                call.recv(staged, root)
+                self._up(staged, flat)
+                return
+            assert blocks is not None  # the group checked: the root passes them
+            staged = self._host(0, n * call.size, flat.dtype)
+            peers = [k for k in range(call.size) if k != root]
+            sends = [call.isend(self._down(blocks[k].flat(), staged[k * n : (k + 1) * n]), k) for k in peers]
+            if n:
+                flat.copy_to_device(blocks[root].flat())
+            call.wait_all(sends)
 
-    def all_to_all(self, call: Any, outputs: Sequence[Any], inputs: Sequence[Any]) -> None:
+    def all_to_all(self, call: EngineCall, outputs: Sequence[Tensor], inputs: Sequence[Tensor]) -> None:
         rank, size = call.rank, call.size
-        if outputs[rank].shape[0]:
-            outputs[rank].copy_to_device(inputs[rank])
-        for step in range(1, size):
-            to, frm = (rank + step) % size, (rank - step) % size
-            sent = self._down(inputs[to], self._host(0, inputs[to].shape[0], inputs[to].dtype))
-            got = self._host(1, outputs[frm].shape[0], outputs[frm].dtype)
-            call.exchange(sent, to, got, frm)
-            self._up(got, outputs[frm])
+        outs, ins = [t.flat() for t in outputs], [t.flat() for t in inputs]
+        with self._on(outputs[rank]):
+            if outs[rank].shape[0]:
+                outs[rank].copy_to_device(ins[rank])
+            for step in range(1, size):
+                to, frm = (rank + step) % size, (rank - step) % size
+                sent = self._down(ins[to], self._host(0, ins[to].shape[0], ins[to].dtype))
+                got = self._host(1, outs[frm].shape[0], outs[frm].dtype)
+                call.exchange(sent, to, got, frm)
+                self._up(got, outs[frm])
 
-    # -- point to point ----------------------------------------------------------------------
-    def isend(self, transport: Any, x: Any, peer: int, tag: int) -> Any:
-        host = x.copy_to_host() if x.shape[0] else np.empty(0, x.dtype)
+    # -- point to point (DeviceMessages) -------------------------------------------------------
+    def isend(self, transport: Transport, x: Tensor, peer: int, tag: int) -> Request:
+        flat = x.flat()
+        with self._on(x):
+            host = flat.copy_to_host() if flat.shape[0] else np.empty(0, flat.dtype)
         self.stats.add(to_host=host.nbytes)
         return _Staged(transport.isend(host, peer, tag), host, None, self)
 
-    def irecv(self, transport: Any, x: Any, peer: int, tag: int) -> Any:
-        host = np.empty(x.shape[0], x.dtype)
+    def irecv(self, transport: Transport, x: Tensor, peer: int, tag: int) -> Request:
+        flat = x.flat()
+        host = np.empty(flat.shape[0], flat.dtype)
         return _Staged(transport.irecv(host, peer, tag), host, x, self)
 
 
 class _Staged:
-    """A transport request over a host copy; a receive copies to the device when it is waited for."""
+    """A transport request over a host copy; a receive copies to the device when it is
+    waited for (in the waiting thread, with the tensor's device's context current)."""
 
-    def __init__(self, request: Any, host: Any, target: Any, engine: StagedEngine) -> None:
+    def __init__(self, request: Request, host: Any, target: Tensor | None, engine: StagedEngine) -> None:
         self._request, self._host, self._target, self._engine = request, host, target, engine
         self._lock = threading.Lock()
 
     def wait(self, timeout: float | None = None) -> None:
         self._request.wait(timeout)
         with self._lock:
-            if self._target is not None:
-                self._engine._up(self._host, self._target)
+            target = self._target
+            if target is not None:
+                with self._engine._on(target):
+                    self._engine._up(self._host, target.flat())
                 self._target = None
 
     def is_completed(self) -> bool:
@@ -403,3 +441,22 @@ def engine() -> StagedEngine:
     except ValueError:
         raise InvalidArgument(f"FERRODIST_GPU_SEGMENT_BYTES={raw!r} is not a number of bytes") from None
     return StagedEngine(size)
+
+
+class StagedProvider:
+    """The ``staged`` entry of ``ferrodist.device_engines``: one engine per process."""
+
+    name = "staged"
+    device_type = "cuda"
+
+    def probe(self) -> Probe:
+        """Usable wherever this package is installed (it needs no GPU of its own to take part)."""
+        return Probe(True)
+
+    def engine(self, group: GroupInfo) -> StagedEngine:
+        return engine()
+
+
+def provider() -> StagedProvider:
+    """What the entry point ``ferrodist.device_engines: staged`` loads."""
+    return StagedProvider()

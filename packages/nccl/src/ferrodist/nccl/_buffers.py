@@ -59,15 +59,14 @@ def _where(rank: int | None, operation: str) -> str:
 
 
 def _device_pointer(x: object) -> int:
-    """The device address of a CUDA tensor: ``x.data_ptr()`` if it has one, else
-    ``__cuda_array_interface__['data'][0]`` of ``x`` or of the object a core ``Tensor`` wraps."""
+    """The device address of a CUDA array: ``x.data_ptr()`` (a core ``Tensor``, a torch
+    tensor) if it has one, else its ``__cuda_array_interface__['data'][0]``."""
     data_ptr = getattr(x, "data_ptr", None)
     if callable(data_ptr):
         return int(data_ptr())
-    for candidate in (x, getattr(x, "_array", None), getattr(x, "_source", None)):
-        interface = getattr(candidate, "__cuda_array_interface__", None)
-        if interface is not None:
-            return int(interface["data"][0] or 0)
+    interface = getattr(x, "__cuda_array_interface__", None)
+    if interface is not None:
+        return int(interface["data"][0] or 0)
     raise InvalidArgument(f"cannot find the device address of a {type(x).__name__}")
 
 

@@ -390,6 +390,24 @@ class NcclCommunicator:
             raise
         return NcclWork(self, event, operation, check_timeout(timeout, self._timeout, operation))
 
+    def mark(self) -> int:
+        """An event recorded after everything enqueued so far on the communicator's stream
+        (poll it with :meth:`finished`, release it with :meth:`forget`)."""
+        event = _cuda.create_event()
+        try:
+            _cuda.record_event(event, self._stream_for(None))
+        except BaseException:
+            _cuda.destroy_event(event)
+            raise
+        return event
+
+    def finished(self, mark: int) -> bool:
+        """True once the work before ``mark`` has run (never blocks)."""
+        return _cuda.query_event(mark)
+
+    def forget(self, mark: int) -> None:
+        _cuda.destroy_event(mark)
+
     def synchronize(self, timeout: float | None = None, *, stream: Any = None) -> None:
         """Wait until the stream is idle; ``CollectiveTimeout`` (after aborting) past ``timeout``."""
         handle = self._stream_for(stream)
