@@ -12,8 +12,9 @@ choice; NaN must stay NaN).
 Example counts (CI profile): reduce_into 4 per (dtype, op) pair (83 pairs); scale 6 per
 (dtype, multiply/divide); AVG as reduce-then-scale 6 per dtype; float32 -> half narrowing
 30 per half type (64 random float32 bit patterns each, with their ties); the wide
-(8-byte) kernels against the CPU kernels at offsets 0..3, 12 per wide dtype for reductions
-and 12 per half type for casts; pack/unpack roundtrip 30; launch_config 300.
+(16-byte) kernels against the CPU kernels at offsets within a vector, 12 per wide dtype for
+reductions, 6 for scaling and 12 per half type for casts; pack/unpack roundtrip 30;
+launch_config 300.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _helpers import examples
-from ferrodist.core import ALL_DTYPES, DType, InvalidArgument, ReduceOp, _kernels, dtype, reducer
+from ferrodist.core import ALL_DTYPES, DType, InvalidArgument, ReduceOp, Tensor, _kernels, as_tensor, dtype, reducer
 
 pytest.importorskip("ferrodist.gpu", reason="ferrodist-gpu is not installed (pip install packages/gpu)")
 from ferrodist.gpu import _cuda_buckets as buckets
@@ -204,48 +205,94 @@ def test_avg_is_a_sum_of_received_chunks_then_one_division(cuda, dt, data, world
 WIDE = [dtype(name) for name in ("float16", "bfloat16", "float32")]
 
 
+def _per_vector(values: np.ndarray) -> int:
+    return 16 // values.dtype.itemsize
+
+
 def _at(cuda, values: np.ndarray, offset: int):
     """A device view of ``values`` starting ``offset`` elements into a larger array, so its
-    address is aligned to 8 bytes only for some offsets."""
+    address is 16-byte aligned only for some offsets. The array underneath has at least one
+    element: on a GPU an empty allocation has a null pointer, and Numba refuses to slice one
+    (``non-empty slice into empty slice``)."""
     bits = values.view(np.uint16) if values.dtype.itemsize == 2 else values
-    padded = np.zeros(bits.size + offset, bits.dtype)
-    padded[offset:] = bits
-    return cuda.to_device(padded)[offset:]
+    padded = np.zeros(offset + max(bits.size, 1), bits.dtype)
+    padded[offset : offset + bits.size] = bits
+    return cuda.to_device(padded)[offset : offset + bits.size]
+
+
+def _offsets(per: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.just(0), st.integers(0, per - 1))  # aligned about half the time
 
 
 @pytest.mark.parametrize("dt", WIDE, ids=lambda d: d.name)
 @settings(max_examples=examples(12))
 @given(
     data=st.data(),
-    n=st.integers(0, 21),
-    offset=st.integers(0, 3),
+    n=st.integers(0, 40),
     op=st.sampled_from([ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]),
     grid=GRIDS,
 )
-def test_wide_and_narrow_reductions_give_the_same_bits(cuda, dt, data, n, offset, op, grid):
-    """Four halves or two float32 per 8-byte load where the memory is aligned, element by
-    element elsewhere, the last 1 to 3 elements by the first threads: the CPU kernels'
-    bits either way (views at offsets 0..3 take both paths)."""
+def test_wide_and_narrow_reductions_give_the_same_bits(cuda, dt, data, n, op, grid):
+    """Four float32 or eight halves per 16-byte load and store where both arrays are
+    aligned, element by element elsewhere, the last 1 to 7 elements by the first threads:
+    the CPU kernels' bits either way (views at offsets within a vector take both paths)."""
     a, b = data.draw(host_values(dt, n)), data.draw(host_values(dt, n))
-    dst, src = _at(cuda, a, offset), _at(cuda, b, (offset + n) % 4)
+    per = _per_vector(a)
+    dst, src = _at(cuda, a, data.draw(_offsets(per))), _at(cuda, b, data.draw(_offsets(per)))
     kernels.reduce_into(dst, src, dt, op, **grid)
     on_cpu = a.copy()
     reducer(dt, op)(on_cpu, [a, b], 1.0)
     assert_same_bits(to_host(dst, dt), on_cpu)
 
 
+def _half_nans(name: str) -> np.ndarray:
+    """NaNs of both signs with payloads, infinities, zeros, a subnormal and ordinary values."""
+    if name == "float16":
+        bits = [0x7E00, 0xFE00, 0x7C01, 0xFD55, 0x7FFF, 0x7C00, 0xFC00, 0x0000, 0x8000, 0x0001, 0x3C00, 0xC000]
+    else:
+        bits = [0x7FC0, 0xFFC0, 0x7F81, 0xFFA5, 0x7FFF, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001, 0x3F80, 0xC000]
+    return np.array(bits, np.uint16)
+
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("op", [ReduceOp.MIN, ReduceOp.MAX])
+@pytest.mark.parametrize("offset", [0, 1], ids=["wide", "narrow"])
+def test_min_and_max_pass_nan_through_with_the_cpu_kernels_bits(cuda, name, op, offset):
+    """MIN and MAX select an operand, so a NaN result is an input NaN rounded back: the
+    CPU kernels' exact bits, NaN sign included (float16: 0x7E00 with the sign; bfloat16:
+    the input with its quiet bit set). Every pair of the special values, both paths."""
+    dt = dtype(name)
+    special = _half_nans(name)
+    a, b = np.repeat(special, special.size), np.tile(special, special.size)
+    dst = _at(cuda, a.view(dt.numpy), offset)
+    kernels.reduce_into(dst, _at(cuda, b.view(dt.numpy), offset), dt, op, threads=64, max_blocks=2)
+    on_cpu = a.view(dt.numpy).copy()
+    reducer(dt, op)(on_cpu, [a.view(dt.numpy), b.view(dt.numpy)], 1.0)
+    np.testing.assert_array_equal(dst.copy_to_host(), on_cpu.view(np.uint16))
+
+
+@pytest.mark.parametrize("dt", WIDE, ids=lambda d: d.name)
+@settings(max_examples=examples(6))
+@given(data=st.data(), n=st.integers(0, 40), divide=st.booleans(), grid=GRIDS)
+def test_wide_and_narrow_scaling_give_the_same_bits(cuda, dt, data, n, divide, grid):
+    x = data.draw(host_values(dt, n))
+    d = _at(cuda, x, data.draw(_offsets(_per_vector(x))))
+    kernels.scale(d, dt, 3.0, divide=divide, **grid)
+    assert_same(to_host(d, dt), scaled(x, dt, 3.0, divide), dt)
+
+
 @pytest.mark.parametrize("name", HALVES)
 @settings(max_examples=examples(12))
-@given(patterns=st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=21), offset=st.integers(0, 3), grid=GRIDS)
-def test_wide_and_narrow_casts_give_the_same_bits(cuda, name, patterns, offset, grid):
+@given(patterns=st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=40), data=st.data(), grid=GRIDS)
+def test_wide_and_narrow_casts_give_the_same_bits(cuda, name, patterns, data, grid):
     dt = dtype(name)
     values = np.array(patterns, np.uint32).view(np.float32)
-    narrow = _at(cuda, np.zeros(values.size, np.uint16), offset)
-    kernels.cast(narrow, dt, _at(cuda, values, (offset + 1) % 4), "float32", **grid)
+    narrow = _at(cuda, np.zeros(values.size, np.uint16), data.draw(_offsets(8)))
+    kernels.cast(narrow, dt, _at(cuda, values, data.draw(_offsets(4))), "float32", **grid)
     expected = np.empty(values.size, np.uint16)
     (_kernels.f32_to_f16 if name == "float16" else _kernels.f32_to_bf16)(expected, values)
     np.testing.assert_array_equal(narrow.copy_to_host(), expected)
-    wide = _at(cuda, np.zeros(values.size, np.float32), (offset + 2) % 4)
+    wide = _at(cuda, np.zeros(values.size, np.float32), data.draw(_offsets(4)))
     kernels.cast(wide, "float32", narrow, dt, **grid)
     back = np.empty(values.size, np.float32)
     (_kernels.f16_to_f32 if name == "float16" else _kernels.bf16_to_f32)(back, expected)
@@ -253,8 +300,9 @@ def test_wide_and_narrow_casts_give_the_same_bits(cuda, name, patterns, offset, 
 
 
 def test_aligned_arrays_take_the_wide_kernels(cuda, monkeypatch):
-    """Aligned arrays of at least a word go through the wide kernels; an odd offset, a
-    dtype without a wide kernel and a tensor shorter than a word do not."""
+    """Arrays that start on a 16-byte boundary go through the wide kernels, however short
+    (the first threads then do every element); a view off the boundary and a dtype without
+    a wide kernel do not."""
     launched = []
     real = kernels._launch
 
@@ -272,16 +320,85 @@ def test_aligned_arrays_take_the_wide_kernels(cuda, monkeypatch):
     kernels.reduce_into(cuda.to_device(np.zeros(4, np.int32)), cuda.to_device(np.ones(4, np.int32)), "int32", "sum")
     kernels.cast(halves[:8], "bfloat16", cuda.to_device(np.ones(8, np.float32)), "float32")
     kernels.cast(cuda.to_device(np.ones(8, np.float32)), "float32", halves[:8], "bfloat16")
+    kernels.scale(floats, "float32", 2.0)
+    kernels.scale(halves[1:], "bfloat16", 2.0)
+    kernels.scale(cuda.to_device(np.ones(3)), "float64", 2.0)
     assert launched == [
-        "reduce_half_x4",
+        "reduce_half_x8",
         "reduce_half",
-        "reduce_half",
-        "reduce_f32x2",
+        "reduce_half_x8",
+        "reduce_f32x4",
         "reduce_plain",
-        "narrow_x2",
-        "widen_x2",
+        "narrow_x8",
+        "widen_x8",
+        "scale_f32x4",
+        "scale_half",
+        "scale_f64",
     ]
-    np.testing.assert_array_equal(floats.copy_to_host(), np.ones(5, np.float32))
+    np.testing.assert_array_equal(floats.copy_to_host(), np.full(5, 2, np.float32))
+
+
+# --- CUDA tensors: a Tensor, torch's bfloat16 as int16, __cuda_array_interface__ ------------
+
+
+class CudaArrayInterface:
+    """A foreign CUDA array: only ``__cuda_array_interface__`` over a host buffer (the
+    simulator's "device" memory is host memory)."""
+
+    def __init__(self, host: np.ndarray) -> None:
+        self.host = host
+        self.__cuda_array_interface__ = {
+            "shape": host.shape,
+            "typestr": host.dtype.str,
+            "data": (host.ctypes.data, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+def test_bfloat16_tensors_over_int16_bits_reduce_without_a_dtype(cuda):
+    """torch hands bfloat16 CUDA tensors over as int16 arrays; a Tensor says they hold
+    bfloat16, so the dtype may be left out, and the result is the CPU kernels' bits."""
+    rng = np.random.default_rng(7)
+    a, b = (rng.standard_normal(21).astype(ml_dtypes.bfloat16) for _ in range(2))
+    dst = Tensor.from_device_array(cuda.to_device(a.view(np.int16)), dtype="bfloat16")
+    src = Tensor.from_device_array(cuda.to_device(b.view(np.int16)), dtype="bfloat16")
+    kernels.reduce_into(dst, src)
+    on_cpu = a.copy()
+    reducer(dtype("bfloat16"), ReduceOp.SUM)(on_cpu, [a, b], 1.0)
+    np.testing.assert_array_equal(dst.device_array().copy_to_host(), on_cpu.view(np.int16))
+    kernels.reduce_into(dst, src, "bfloat16", "max")  # an explicit dtype that agrees is fine
+    kernels.scale(dst, factor=2.0)
+    widened = cuda.device_array(21, np.float32)
+    kernels.cast(widened, src=dst)
+    expected = np.maximum(on_cpu.astype(np.float32), b.astype(np.float32)).astype(ml_dtypes.bfloat16)
+    expected = (expected.astype(np.float32) * np.float32(2)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(widened.copy_to_host(), expected.astype(np.float32))
+
+
+def test_foreign_cuda_arrays_are_reduced_in_place_without_a_copy(cuda):
+    a = np.arange(12, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.int16)
+    b = np.full(12, 0x3F80, np.int16)  # bfloat16 1.0
+    expected = (np.arange(12, dtype=np.float32) + 1).astype(ml_dtypes.bfloat16).view(np.int16)
+    kernels.reduce_into(CudaArrayInterface(a), CudaArrayInterface(b), "bfloat16")
+    np.testing.assert_array_equal(a, expected)  # the caller's memory, not a copy
+    f32 = np.ones(6, np.float32)
+    kernels.scale(CudaArrayInterface(f32), factor=4.0)  # float32: the dtype comes from the array
+    np.testing.assert_array_equal(f32, np.full(6, 4, np.float32))
+
+
+def test_tensors_that_say_another_dtype_are_refused(cuda):
+    bits = Tensor.from_device_array(cuda.to_device(np.zeros(4, np.int16)), dtype="bfloat16")
+    with pytest.raises(InvalidArgument, match="destination has dtype bfloat16 but float16 data must be stored as"):
+        kernels.reduce_into(bits, bits, "float16")
+    with pytest.raises(InvalidArgument, match="source has dtype bfloat16 but float32 data"):
+        kernels.reduce_into(cuda.to_device(np.zeros(4, np.float32)), bits)
+    with pytest.raises(InvalidArgument, match="the destination is a Tensor, not a Numba device array or a CUDA"):
+        kernels.reduce_into(as_tensor(np.zeros(4, np.float32)), bits)
+    with pytest.raises(InvalidArgument, match="gpu scale: no factor"):
+        kernels.scale(bits)
+    with pytest.raises(InvalidArgument, match="gpu cast: no source"):
+        kernels.cast(bits, "bfloat16")
 
 
 # --- casts ---------------------------------------------------------------------------------
@@ -438,6 +555,8 @@ def test_launch_config_covers_n_with_no_idle_block(n, threads, max_blocks):
 def test_launch_config_defaults():
     assert kernels.launch_config(1) == (1, 32)
     assert kernels.launch_config(257) == (2, 256)
+    # 64 Mi float32 are 16 Mi vectors: one per thread, not one wave that loops 16 times.
+    assert kernels.launch_config((64 << 20) // 4) == (65536, 256)
     assert kernels.launch_config(10**9) == (kernels.MAX_BLOCKS, kernels.THREADS_PER_BLOCK)
 
 

@@ -1,12 +1,14 @@
 """What every CUDA kernel of ferrodist.gpu shares (private): the launch configuration of a
-grid-stride loop, and the device functions (float16/bfloat16 bits to float32 and back,
-rounded to nearest-even as the CPU kernels do; one function per reduce op). Built on
-first use: ``numba.cuda`` is imported inside functions only."""
+grid-stride loop, how a kernel function is compiled (:func:`jit_kernel`), and the device
+functions (float16/bfloat16 bits to float32 and back, rounded to nearest-even as the CPU
+kernels do; one function per reduce op). Built on first use: ``numba.cuda`` is imported
+inside functions only."""
 
 from __future__ import annotations
 
 import functools
 import operator
+import types
 from typing import Any
 
 import numpy as np
@@ -19,10 +21,13 @@ __all__ = [
     "MAX_ARRAYS_PER_LAUNCH",
     "MAX_BLOCKS",
     "THREADS_PER_BLOCK",
+    "cuda_intrinsic",
     "halves",
+    "jit_kernel",
     "launch",
     "launch_config",
     "op_function",
+    "simulated",
 ]
 
 #: The opcode of scale's division (core's opcodes are the ReduceOp values).
@@ -30,8 +35,11 @@ DIVIDE = 100
 
 #: Default threads per block of every launch.
 THREADS_PER_BLOCK = 256
-#: Default cap on blocks per launch (about one full wave of 256-thread blocks on a large GPU).
-MAX_BLOCKS = 1024
+#: Default cap on blocks per launch: enough for one element (or one 16-byte vector) per
+#: thread up to 2**28 of them at 256 threads, so a launch is as many full waves as the GPU
+#: holds, never a wave and a sliver; past that the grid-stride loops take more turns.
+#: Thread indices stay below 2**31 even at 1024 threads per block.
+MAX_BLOCKS = 1 << 20
 #: Arrays one pack/unpack launch moves: 64 one-dimensional array arguments and the offsets
 #: table fit in the 4 KiB of kernel parameters that every CUDA version and GPU accepts.
 MAX_ARRAYS_PER_LAUNCH = 64
@@ -42,15 +50,17 @@ MAX_ARRAYS_PER_LAUNCH = 64
 
 
 def launch_config(n: int, *, threads: int = THREADS_PER_BLOCK, max_blocks: int = MAX_BLOCKS) -> tuple[int, int]:
-    """The grid ``(blocks, threads_per_block)`` for a grid-stride loop over ``n`` elements.
+    """The grid ``(blocks, threads_per_block)`` for a grid-stride loop over ``n`` work items
+    (elements, or 16-byte vectors for the wide kernels).
 
     A block has ``threads`` threads, or fewer for a small ``n`` (rounded up to a whole
-    32-thread warp); there are ``ceil(n / threads_per_block)`` blocks, at most
-    ``max_blocks`` (the loop then strides). ``n == 0`` gives ``(0, 0)``: launch nothing.
+    32-thread warp); there are ``ceil(n / threads_per_block)`` blocks, one item per
+    thread, at most ``max_blocks`` (the loop then strides). No block is idle. ``n == 0``
+    gives ``(0, 0)``: launch nothing.
 
     Example:
-        >>> launch_config(10), launch_config(1000), launch_config(10**9)
-        ((1, 32), (4, 256), (1024, 256))
+        >>> launch_config(10), launch_config(1000), launch_config(1 << 24), launch_config(10**9)
+        ((1, 32), (4, 256), (65536, 256), (1048576, 256))
     """
     n = operator.index(n)
     if n < 0:
@@ -71,24 +81,120 @@ def launch(kernel: Any, n: int, stream: Any, threads: int, max_blocks: int, *arg
         kernel[blocks, per_block, 0 if stream is None else stream](*args)
 
 
+def jit_kernel(fn: Any) -> Any:
+    """``cuda.jit(fn)`` for a kernel that names ``cuda`` as a global.
+
+    The simulator runs a kernel by swapping the fake ``cuda`` module into the kernel's
+    globals, so ``cuda`` must be a global there, not a closure variable: the function is
+    rebuilt over a private copy of its module's globals with ``numba.cuda`` added (its
+    device functions stay closure variables, which Numba compiles as constants).
+    """
+    from numba import cuda
+
+    scope = dict(fn.__globals__, cuda=cuda)
+    return cuda.jit(types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__))
+
+
+def simulated() -> bool:
+    """True when Numba's CUDA simulator stands in for the GPU (kernels then run as Python)."""
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
+
+
+def cuda_intrinsic() -> Any:
+    """numba-cuda's ``@intrinsic`` decorator (for code generated as LLVM IR on the GPU)."""
+    try:
+        from numba.cuda.extending import intrinsic
+    except ImportError:  # pragma: no cover - numba-cuda releases before numba.cuda.extending
+        from numba.extending import intrinsic  # type: ignore[assignment]
+    return intrinsic
+
+
 # ---------------------------------------------------------------------------------------
 # Device functions (built on first use)
 # ---------------------------------------------------------------------------------------
 
 
 @functools.cache
+def _hardware_half() -> tuple[Any, Any]:
+    """float16 bits (the low 16 bits of an integer) to float32, and float32 to float16 bits
+    rounded to nearest-even (a uint32): one ``cvt.f32.f16`` / ``cvt.rn.f16.f32`` each on a
+    GPU, numpy's IEEE conversions under the simulator. NaN is the caller's to fix: the
+    hardware's NaN bits are not the CPU kernels'."""
+    if simulated():
+
+        def f32_from_f16(bits):  # type: ignore[no-untyped-def]
+            return np.float32(np.uint16(bits & 0xFFFF).view(np.float16))
+
+        def f16_from_f32(x):  # type: ignore[no-untyped-def]
+            with np.errstate(over="ignore"):
+                return np.uint32(np.float16(x).view(np.uint16))
+
+        return f32_from_f16, f16_from_f32
+
+    from llvmlite import ir
+    from numba import types as nb
+
+    intrinsic = cuda_intrinsic()
+
+    @intrinsic
+    def f32_from_f16_bits(typingctx, bits):  # type: ignore[no-untyped-def]
+        if not isinstance(bits, nb.Integer):
+            return None
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            low = builder.trunc(args[0], ir.IntType(16)) if bits.bitwidth > 16 else args[0]
+            if bits.bitwidth < 16:
+                low = builder.zext(low, ir.IntType(16))
+            return builder.fpext(builder.bitcast(low, ir.HalfType()), ir.FloatType())
+
+        return nb.float32(bits), codegen
+
+    @intrinsic
+    def f16_bits_from_f32(typingctx, value):  # type: ignore[no-untyped-def]
+        if value != nb.float32:
+            return None
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            half = builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+            return builder.zext(half, ir.IntType(32))
+
+        return nb.uint32(value), codegen
+
+    return f32_from_f16_bits, f16_bits_from_f32
+
+
+@functools.cache
 def halves() -> dict[str, Any]:
     """Device functions: float16/bfloat16 bit patterns to float32 and back (nearest-even).
 
-    Bit casts use scalar ``.view``, which Numba compiles to a register bitcast and the
-    simulator runs as numpy. Integers are int64 throughout (numpy and Numba would
-    otherwise promote mixed uint32/int64 arithmetic to float64).
+    ``*_load(h)`` widens the half in the low 16 bits of ``h`` (an unsigned integer: an
+    element, or a 32-bit word of two), ``*_load_high(w)`` the one in the high 16 bits of a
+    32-bit word; ``*_store(x)`` rounds a float32 to a half's bits, as a uint32 below 2**16.
+    ``*_widen`` / ``*_widen_high`` are the loads that casts use (see below).
+
+    All integer arithmetic is 32-bit: Numba types uint32 operations as uint64, so each
+    result is cut back to uint32 (``np.uint32(...)``) and NVVM narrows the operations again
+    (a 64-bit integer operation costs a GPU two or more 32-bit ones). Bit casts use scalar
+    ``.view``: a register move on the GPU, numpy under the simulator. A NaN is fixed with a
+    select, never a branch.
+
+    bfloat16 is shifts and an integer rounding, as in ``ferrodist.core``. float16 uses the
+    hardware conversions (IEEE, nearest-even, subnormals kept) with NaN set to the CPU
+    kernels' bits: rounded, any NaN becomes ``0x7E00`` with its sign; a cast widens a NaN
+    with its sign and payload (``f16_to_f32``); a reduction or scale widens it to the quiet
+    NaN of its sign, all that its rounded result keeps (its payload would cost more 32-bit
+    operations per element than the rest of the loop).
     """
     from numba import cuda
 
+    u32 = np.uint32
+    f32_from_f16, f16_from_f32 = _hardware_half()
+
     @cuda.jit(device=True)
     def bits_of(x):  # type: ignore[no-untyped-def]
-        return np.int64(np.float32(x).view(np.uint32))
+        return np.float32(x).view(np.uint32)
 
     @cuda.jit(device=True)
     def float_of(bits):  # type: ignore[no-untyped-def]
@@ -96,51 +202,61 @@ def halves() -> dict[str, Any]:
 
     @cuda.jit(device=True)
     def bf16_load(h):  # type: ignore[no-untyped-def]
-        return float_of(np.int64(h) << 16)
+        return float_of(u32(h) << u32(16))
+
+    @cuda.jit(device=True)
+    def bf16_load_high(w):  # type: ignore[no-untyped-def]
+        return float_of(u32(w) & u32(0xFFFF0000))
 
     @cuda.jit(device=True)
     def bf16_store(x):  # type: ignore[no-untyped-def]
         bits = bits_of(x)
-        if (bits & 0x7FFFFFFF) > 0x7F800000:  # NaN: truncate, and keep it a quiet NaN
-            return np.uint16((bits >> 16) | 0x40)
-        return np.uint16((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
+        quiet = u32((bits >> u32(16)) | u32(0x40))  # NaN: truncate, and keep it a quiet NaN
+        rounded = u32(u32(bits + u32(0x7FFF) + ((bits >> u32(16)) & u32(1))) >> u32(16))
+        return quiet if (bits & u32(0x7FFFFFFF)) > u32(0x7F800000) else rounded
 
     @cuda.jit(device=True)
     def f16_load(h):  # type: ignore[no-untyped-def]
-        # Move exponent and mantissa to float32 positions, then rebias the exponent.
-        body = (np.int64(h) & 0x7FFF) << 13
-        exponent = body & 0x0F800000
-        body += (127 - 15) << 23
-        if exponent == 0x0F800000:  # inf / nan
-            value = float_of(body + ((128 - 16) << 23))
-        elif exponent == 0:  # zero / subnormal: renormalise with an exact float32 subtraction
-            value = float_of(body + (1 << 23)) - float_of(113 << 23)
-        else:
-            value = float_of(body)
-        if np.int64(h) & 0x8000:
-            return -value
-        return value
+        value = f32_from_f16(h)
+        quiet = float_of(u32(u32(u32(h) << u32(16)) & u32(0x80000000)) | u32(0x7FC00000))
+        return quiet if value != value else value
+
+    @cuda.jit(device=True)
+    def f16_load_high(w):  # type: ignore[no-untyped-def]
+        value = f32_from_f16(u32(w) >> u32(16))
+        quiet = float_of(u32(u32(w) & u32(0x80000000)) | u32(0x7FC00000))
+        return quiet if value != value else value
+
+    @cuda.jit(device=True)
+    def f16_widen(h):  # type: ignore[no-untyped-def]
+        value = f32_from_f16(h)
+        sign, payload = u32(u32(u32(h) & u32(0x8000)) << u32(16)), u32(u32(u32(h) & u32(0x3FF)) << u32(13))
+        nan = float_of(u32(sign | u32(0x7F800000)) | payload)
+        return nan if value != value else value
+
+    @cuda.jit(device=True)
+    def f16_widen_high(w):  # type: ignore[no-untyped-def]
+        return f16_widen(u32(w) >> u32(16))
 
     @cuda.jit(device=True)
     def f16_store(x):  # type: ignore[no-untyped-def]
-        bits = bits_of(x)
-        sign = (bits >> 16) & 0x8000
-        mag = bits & 0x7FFFFFFF
-        if mag >= (127 + 16) << 23:  # overflows float16, or inf / nan
-            out = 0x7E00 if mag > 0x7F800000 else 0x7C00
-        elif mag < 113 << 23:  # a float16 subnormal or zero: let a float32 addition round it
-            magic = ((127 - 15) + (23 - 10) + 1) << 23
-            out = bits_of(float_of(mag) + float_of(magic)) - magic
-        else:  # normal: rebias the exponent, round the mantissa to nearest-even
-            out = (mag + ((15 - 127) << 23) + 0xFFF + ((mag >> 13) & 1)) >> 13
-        return np.uint16(out | sign)
+        value = np.float32(x)
+        rounded = f16_from_f32(value)
+        quiet = u32(u32(u32(bits_of(value) >> u32(16)) & u32(0x8000)) | u32(0x7E00))
+        return quiet if value != value else rounded
 
     return {
         "bits_of": bits_of,
         "float_of": float_of,
         "bf16_load": bf16_load,
+        "bf16_load_high": bf16_load_high,
+        "bf16_widen": bf16_load,
+        "bf16_widen_high": bf16_load_high,
         "bf16_store": bf16_store,
         "f16_load": f16_load,
+        "f16_load_high": f16_load_high,
+        "f16_widen": f16_widen,
+        "f16_widen_high": f16_widen_high,
         "f16_store": f16_store,
     }
 
