@@ -94,3 +94,36 @@ def test_a_rank_held_up_by_another_groups_failure_passes_the_blame_on():
     message = run_world(3, rank_main, timeout=10)[1]
     assert "rank 0 was held up by an earlier failure there" in message
     assert "rank 2 never reached call #0" in message
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_an_error_from_other_code_inside_a_call_fails_the_call_on_every_rank(monkeypatch, async_op):
+    """An exception that is not ferrodist's (a CUDA library's, a bug) raised inside rank 1's
+    call aborts the group like ferrodist's own errors: rank 0, waiting in the same call,
+    fails at once naming rank 1's error instead of waiting out its deadline (on an H100,
+    a CUDA error in one rank's DDP bucket left the other waiting 30 s)."""
+    from ferrodist.collectives import _doubling
+
+    original = _doubling.all_reduce
+
+    def failing_on_rank_1(call, x, kernel, divisor):
+        if call.ranks[call.rank] == 1:
+            raise RuntimeError("cuCtxGetCurrent: CUDA_ERROR_NOT_INITIALIZED")
+        original(call, x, kernel, divisor)
+
+    monkeypatch.setattr(_doubling, "all_reduce", failing_on_rank_1)
+
+    def rank_main():
+        x = np.ones(4)
+        with pytest.raises(Exception) as caught:
+            work = dist.all_reduce(x, async_op=async_op, algorithm="recursive_doubling", timeout=20)
+            if work is not None:
+                work.wait()
+        with pytest.raises(GroupAborted):  # the group stays aborted
+            dist.all_reduce(np.ones(2), algorithm="recursive_doubling")
+        return caught.value
+
+    errors = run_world(2, rank_main, timeout=20)
+    assert all(not isinstance(e, CollectiveTimeout) for e in errors), errors
+    assert all("RuntimeError: cuCtxGetCurrent: CUDA_ERROR_NOT_INITIALIZED" in str(e) for e in errors), errors
+    assert isinstance(errors[1].__cause__, RuntimeError)  # the original stays reachable on its own rank

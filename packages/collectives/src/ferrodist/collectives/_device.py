@@ -194,7 +194,9 @@ def choose(records: Sequence[Record]) -> Choice:
         problems = _nccl_obstacles(records)
         if not problems:
             version = records[0].nccl.version
-            return Choice("nccl", f"every rank has its own GPU and NCCL {version}" + (" (asked for)" if route == "nccl" else ""))
+            return Choice(
+                "nccl", f"every rank has its own GPU and NCCL {version}" + (" (asked for)" if route == "nccl" else "")
+            )
         if route == "nccl":
             raise DeviceUnavailable(
                 f"the CUDA route 'nccl' was asked for but cannot run: {'; '.join(problems)}; "

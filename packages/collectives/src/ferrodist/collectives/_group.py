@@ -28,7 +28,7 @@ from ferrodist.transport import DeviceEngine, GroupInfo, Transport
 from . import _direct, _doubling, _native, _ring, _tree
 from ._call import Call
 from ._checks import Checker, device_blocks, split_equally, wire_dtype
-from ._device import RECORD_BYTES, DeviceRoute, device_type
+from ._device import RECORD_BYTES, DeviceRoute, device_type, requested_route
 from ._fingerprint import fingerprint
 from ._host import BoundHost, HostCollectives
 from ._monitor import MonitoredBarrier
@@ -61,7 +61,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         timeout: float,
         name: str,
         debug: bool = False,
-        cuda_route: str = "auto",
+        cuda_route: str | None = None,
     ) -> None:
         self._transport = transport
         self._debug = debug
@@ -87,7 +87,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         self._fast_plans: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
         self._destroyed = False
         # The engine for CUDA tensors: chosen in the group's first call on them.
-        self._devices = DeviceRoute(cuda_route)
+        self._devices = DeviceRoute(requested_route(cuda_route, rank=transport.rank))
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -155,7 +155,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             )
         return self._rank
 
-    def _derive(self, ranks: Sequence[int], timeout: float | None) -> ProcessGroup:
+    def _derive(self, ranks: Sequence[int], timeout: float | None, cuda_route: str | None = None) -> ProcessGroup:
         """A group of some of this group's ranks (global ranks), shut down along with this one."""
         group_id = next(self._child_ids)
         child = ProcessGroup(
@@ -165,7 +165,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             timeout=self._timeout if timeout is None else timeout,
             name=f"{group_id}{list(ranks)}",
             debug=self._debug,
-            cuda_route=self._devices.requested,
+            cuda_route=self._devices.requested if cuda_route is None else cuda_route,
         )
         self._children.add(child)
         return child

@@ -206,9 +206,16 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     world.transport.close()
 
 
-def new_group(ranks: Sequence[int] | None = None, *, timeout: float | timedelta | None = None) -> ProcessGroup:
+def new_group(
+    ranks: Sequence[int] | None = None,
+    *,
+    timeout: float | timedelta | None = None,
+    cuda_route: str | None = None,
+) -> ProcessGroup:
     """A group of some of the world's ranks (global ranks; sorted, no duplicates), whose
-    calls wait ``timeout`` (seconds or a ``timedelta``; default: the world's) by default.
+    calls wait ``timeout`` (seconds or a ``timedelta``; default: the world's) by default
+    and whose CUDA tensors take ``cuda_route`` (default: what the world asked for; see
+    ``init_process_group``).
 
     Every rank of the world must call ``new_group`` with the same ranks, in the same
     order as its other ``new_group`` calls, members and non-members alike. A non-member
@@ -229,7 +236,8 @@ def new_group(ranks: Sequence[int] | None = None, *, timeout: float | timedelta 
     bad = [r for r in chosen if not 0 <= r < size]
     if bad:
         raise InvalidRank(f"new_group: ranks {bad} are outside the world of {size} ranks (valid: 0..{size - 1})")
-    return world._derive(chosen, limit)
+    route = None if cuda_route is None else requested_route(cuda_route, rank=world.global_rank)
+    return world._derive(chosen, limit, route)
 
 
 def get_rank(group: ProcessGroup | None = None) -> int:

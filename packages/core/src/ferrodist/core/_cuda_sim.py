@@ -38,7 +38,9 @@ class SimulatedDriver:
     first); every call below the context section needs one.
     """
 
-    CUresult = SimpleNamespace(CUDA_SUCCESS=0, CUDA_ERROR_NOT_READY=NOT_READY, CUDA_ERROR_INVALID_CONTEXT=INVALID_CONTEXT)
+    CUresult = SimpleNamespace(
+        CUDA_SUCCESS=0, CUDA_ERROR_NOT_READY=NOT_READY, CUDA_ERROR_INVALID_CONTEXT=INVALID_CONTEXT
+    )
     CUstream_flags = SimpleNamespace(CU_STREAM_DEFAULT=0)
     CUevent_flags = SimpleNamespace(CU_EVENT_DISABLE_TIMING=2)
     CUpointer_attribute = SimpleNamespace(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL=9)
