@@ -14,7 +14,9 @@ float16 and bfloat16 arrays (the kernels of ``ferrodist.gpu._cuda_vector``):
   (``.s64``, ``.u64``, ``.b64``, or ``.wide`` of 32-bit operands, which makes one). A GPU does such an
   operation as two or more 32-bit ones, and a half kernel does several per element.
   Addresses, loop counters and sizes are 64-bit and are not on the data path;
-- no ``call``: every device function is inlined (and the data path above is complete).
+- no ``call``: every device function is inlined (and the data path above is complete);
+- IEEE arithmetic on the data path, no ``.ftz`` or ``.approx`` (bit-identity with the CPU
+  kernels needs subnormals kept and a correctly rounded division).
 
 A kernel built the previous way (8-byte loads as uint64, halves unpacked with uint64 and
 int64 shifts and masks) fails the first two checks.
@@ -246,6 +248,9 @@ def test_wide_kernels_move_16_bytes_per_access_with_32_bit_data(compiled, name):
         problems.append("no st.global.v4 of 32-bit lanes")
     if "call" in [opcode.split(".")[0] for opcode, _, _ in instructions(ptx)]:
         problems.append("a device function is called, not inlined")
+    inexact = [line for line in data_path(ptx) if {"ftz", "approx"} & set(line.split()[0].split("."))]
+    if inexact:
+        problems.append("flush-to-zero or approximate arithmetic on the data path: " + "; ".join(inexact[:4]))
     wide = int64_on_data_path(ptx)
     if wide:
         problems.append(

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_BLOCKS",
     "THREADS_PER_BLOCK",
     "cuda_intrinsic",
+    "half_functions",
     "halves",
     "jit_kernel",
     "launch",
@@ -182,10 +183,13 @@ def halves() -> dict[str, Any]:
 
     bfloat16 is shifts and an integer rounding, as in ``ferrodist.core``. float16 uses the
     hardware conversions (IEEE, nearest-even, subnormals kept) with NaN set to the CPU
-    kernels' bits: rounded, any NaN becomes ``0x7E00`` with its sign; a cast widens a NaN
-    with its sign and payload (``f16_to_f32``); a reduction or scale widens it to the quiet
-    NaN of its sign, all that its rounded result keeps (its payload would cost more 32-bit
-    operations per element than the rest of the loop).
+    kernels' bits where they are defined: rounded, any NaN becomes ``0x7E00`` with its
+    sign; a cast widens a NaN with its sign and payload (``f16_widen``, as ``f16_to_f32``);
+    MIN and MAX, which pass a NaN operand through to the rounding, widen it to the quiet
+    NaN of its sign (``f16_load_signed``: all the rounding keeps). Arithmetic (SUM,
+    PRODUCT, scaling) widens with the bare conversion (``f16_load``): the NaN an arithmetic
+    instruction returns is the hardware's anyway (on a GPU, the canonical NaN), so fixing
+    its operands would only cost integer instructions in every element.
     """
     from numba import cuda
 
@@ -210,19 +214,28 @@ def halves() -> dict[str, Any]:
 
     @cuda.jit(device=True)
     def bf16_store(x):  # type: ignore[no-untyped-def]
-        bits = bits_of(x)
+        value = np.float32(x)
+        bits = bits_of(value)
         quiet = u32((bits >> u32(16)) | u32(0x40))  # NaN: truncate, and keep it a quiet NaN
         rounded = u32(u32(bits + u32(0x7FFF) + ((bits >> u32(16)) & u32(1))) >> u32(16))
-        return quiet if (bits & u32(0x7FFFFFFF)) > u32(0x7F800000) else rounded
+        return quiet if value != value else rounded  # a float compare: no integer instruction
 
     @cuda.jit(device=True)
     def f16_load(h):  # type: ignore[no-untyped-def]
+        return f32_from_f16(h)
+
+    @cuda.jit(device=True)
+    def f16_load_high(w):  # type: ignore[no-untyped-def]
+        return f32_from_f16(u32(w) >> u32(16))
+
+    @cuda.jit(device=True)
+    def f16_load_signed(h):  # type: ignore[no-untyped-def]
         value = f32_from_f16(h)
         quiet = float_of(u32(u32(u32(h) << u32(16)) & u32(0x80000000)) | u32(0x7FC00000))
         return quiet if value != value else value
 
     @cuda.jit(device=True)
-    def f16_load_high(w):  # type: ignore[no-untyped-def]
+    def f16_load_signed_high(w):  # type: ignore[no-untyped-def]
         value = f32_from_f16(u32(w) >> u32(16))
         quiet = float_of(u32(u32(w) & u32(0x80000000)) | u32(0x7FC00000))
         return quiet if value != value else value
@@ -255,10 +268,23 @@ def halves() -> dict[str, Any]:
         "bf16_store": bf16_store,
         "f16_load": f16_load,
         "f16_load_high": f16_load_high,
+        "f16_load_signed": f16_load_signed,
+        "f16_load_signed_high": f16_load_signed_high,
         "f16_widen": f16_widen,
         "f16_widen_high": f16_widen_high,
         "f16_store": f16_store,
     }
+
+
+def half_functions(kind: str, opcode: int) -> tuple[Any, Any, Any]:
+    """``(load, load_high, store)`` of :func:`halves` for reducing or scaling ``kind``
+    (``"float16"``/``"bfloat16"``) with ``opcode``: MIN and MAX widen a float16 NaN with
+    its sign, arithmetic with the bare conversion."""
+    functions = halves()
+    if kind == "bfloat16":
+        return functions["bf16_load"], functions["bf16_load_high"], functions["bf16_store"]
+    signed = "_signed" if opcode in (MIN, MAX) else ""
+    return functions[f"f16_load{signed}"], functions[f"f16_load{signed}_high"], functions["f16_store"]
 
 
 @functools.cache

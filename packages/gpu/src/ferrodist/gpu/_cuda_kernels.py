@@ -38,6 +38,7 @@ from ._cuda_device import (
     MAX_ARRAYS_PER_LAUNCH,
     MAX_BLOCKS,
     THREADS_PER_BLOCK,
+    half_functions,
     halves,
     jit_kernel,
     launch_config,
@@ -86,8 +87,7 @@ def _reduce_kernel(kind: str, opcode: int) -> Any:
 
         return jit_kernel(reduce_plain)
 
-    prefix = "f16" if kind == "float16" else "bf16"
-    load, store = halves()[f"{prefix}_load"], halves()[f"{prefix}_store"]
+    load, _, store = half_functions(kind, opcode)
 
     def reduce_half(dst, src):  # type: ignore[no-untyped-def]
         for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
@@ -117,8 +117,7 @@ def _scale_kernel(kind: str, opcode: int) -> Any:
 
         return jit_kernel(scale_f32)
 
-    prefix = "f16" if kind == "float16" else "bf16"
-    load, store = halves()[f"{prefix}_load"], halves()[f"{prefix}_store"]
+    load, _, store = half_functions(kind, opcode)
 
     def scale_half(dst, factor):  # type: ignore[no-untyped-def]
         f = np.float32(factor)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._cuda_device import cuda_intrinsic, halves, jit_kernel, op_function, simulated
+from ._cuda_device import cuda_intrinsic, half_functions, halves, jit_kernel, op_function, simulated
 
 if TYPE_CHECKING:
     from numba import cuda  # at run time kernels get it through jit_kernel, never at import
@@ -140,13 +140,11 @@ def _intrinsics() -> tuple[Any, Any]:
 @functools.cache
 def _half_words(kind: str, opcode: int) -> tuple[Any, Any, Any]:
     """Device functions over 32-bit words of two halves of ``kind``: ``reduce(a, b)`` (each
-    half combined in float32 and rounded once), ``scale(a, f)`` and ``pack(x, y)`` (two
-    float32 rounded into one word, ``x`` low)."""
+    half combined in float32 and rounded once), ``scale(a, f)`` (``opcode`` PRODUCT or
+    DIVIDE) and ``pack(x, y)`` (two float32 rounded into one word, ``x`` low)."""
     from numba import cuda
 
-    prefix = "f16" if kind == "float16" else "bf16"
-    functions = halves()
-    load, high, store = functions[f"{prefix}_load"], functions[f"{prefix}_load_high"], functions[f"{prefix}_store"]
+    load, high, store = half_functions(kind, opcode)
     combine = op_function(opcode)
     u32 = np.uint32
 
@@ -189,8 +187,7 @@ def reduce_kernel(kind: str, opcode: int) -> Any:
 
         return jit_kernel(reduce_f32x4)
 
-    prefix = "f16" if kind == "float16" else "bf16"
-    load, store = halves()[f"{prefix}_load"], halves()[f"{prefix}_store"]
+    load, _, store = half_functions(kind, opcode)
     word = _half_words(kind, opcode)[0]
 
     def reduce_half_x8(dst, src):  # type: ignore[no-untyped-def]
@@ -233,8 +230,7 @@ def scale_kernel(kind: str, opcode: int) -> Any:
 
         return jit_kernel(scale_f32x4)
 
-    prefix = "f16" if kind == "float16" else "bf16"
-    load, store = halves()[f"{prefix}_load"], halves()[f"{prefix}_store"]
+    load, _, store = half_functions(kind, opcode)
     word = _half_words(kind, opcode)[1]
 
     def scale_half_x8(dst, factor):  # type: ignore[no-untyped-def]
