@@ -187,9 +187,10 @@ def halves() -> dict[str, Any]:
     sign; a cast widens a NaN with its sign and payload (``f16_widen``, as ``f16_to_f32``);
     MIN and MAX, which pass a NaN operand through to the rounding, widen it to the quiet
     NaN of its sign (``f16_load_signed``: all the rounding keeps). Arithmetic (SUM,
-    PRODUCT, scaling) widens with the bare conversion (``f16_load``): the NaN an arithmetic
-    instruction returns is the hardware's anyway (on a GPU, the canonical NaN), so fixing
-    its operands would only cost integer instructions in every element.
+    PRODUCT, scaling) widens with the bare conversion (``f16_load``): which NaN an
+    arithmetic instruction returns for a NaN operand is the hardware's choice anyway (its
+    sign and payload are not part of the result's contract, on the CPU either), so fixing
+    the operands would only cost integer instructions in every element.
     """
     from numba import cuda
 
