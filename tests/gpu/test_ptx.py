@@ -42,6 +42,8 @@ import numpy as np
 import pytest
 
 from ferrodist.core import ReduceOp, Tensor
+
+pytest.importorskip("ferrodist.gpu", reason="ferrodist-gpu is not installed (pip install packages/gpu)")
 from ferrodist.gpu import _cuda_kernels as kernels
 from ferrodist.gpu import _cuda_vector as vector
 
