@@ -157,16 +157,15 @@ def main() -> None:
     world = dist.group.WORLD
     ours = world.ferrodist_group  # the ferrodist ProcessGroup the default torch group runs on
     transport = type(ours.transport).__name__.removesuffix("Transport").lower()
-    ids = [device.index] if device.type == "cuda" else None
     configs: dict[str, tuple[str, Callable[[torch.nn.Module], Any]]] = {
         "ferrodist_ddp": (f"ferrodist.ddp.DDP, ferrodist group ({transport})", lambda net: DDP(net, ours)),
         "torch_ddp_ferrodist": (
             f'torch DDP over "ferrodist" ({transport})',
-            lambda net: DistributedDataParallel(net, device_ids=ids, process_group=world),
+            lambda net: DistributedDataParallel(net, process_group=world),
         ),
         REFERENCE: (
             "torch DDP over Gloo",
-            lambda net: DistributedDataParallel(net, device_ids=ids, process_group=gloo),
+            lambda net: DistributedDataParallel(net, process_group=gloo),
         ),
     }
     seconds: dict[str, list[float]] = {key: [] for key in configs}
