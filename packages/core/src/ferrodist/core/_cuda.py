@@ -295,7 +295,10 @@ def device_of(array: Any) -> int:
         return current_device()
     cu = driver()
     attribute = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    return int(check(cu.cuPointerGetAttribute(attribute, device_pointer(array)), "cuPointerGetAttribute", cu=cu))
+    try:
+        return int(check(cu.cuPointerGetAttribute(attribute, device_pointer(array)), "cuPointerGetAttribute", cu=cu))
+    except FerrodistError:  # memory the driver does not describe (an exotic allocator): the current device
+        return current_device()
 
 
 # ---------------------------------------------------------------------------------------

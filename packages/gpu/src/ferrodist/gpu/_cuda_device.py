@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import functools
 import operator
+import threading
 import types
 from typing import Any
 
 import numpy as np
 
 from ferrodist.core import InvalidArgument
+from ferrodist.core import cuda as core_cuda
 from ferrodist.core.kernels import BAND, BOR, BXOR, MAX, MIN, PRODUCT, SUM
 
 __all__ = [
@@ -76,10 +78,24 @@ def launch_config(n: int, *, threads: int = THREADS_PER_BLOCK, max_blocks: int =
     return min(-(-n // per_block), max_blocks), per_block
 
 
+#: Launches under the simulator, one at a time: its kernel state is process-global, so
+#: threads (ranks of ``run_world``, async work) must not run kernels concurrently there.
+_SIMULATED_LAUNCHES = threading.Lock()
+
+
 def launch(kernel: Any, n: int, stream: Any, threads: int, max_blocks: int, *args: Any) -> None:
+    """Launch ``kernel`` over ``n`` items from any thread (Numba ready and a context current
+    in the thread first)."""
     blocks, per_block = launch_config(n, threads=threads, max_blocks=max_blocks)
-    if blocks:
-        kernel[blocks, per_block, 0 if stream is None else stream](*args)
+    if not blocks:
+        return
+    core_cuda.numba_cuda("a ferrodist.gpu kernel")
+    configured = kernel[blocks, per_block, 0 if stream is None else stream]
+    if core_cuda.simulated():
+        with _SIMULATED_LAUNCHES:
+            configured(*args)
+    else:
+        configured(*args)
 
 
 def jit_kernel(fn: Any) -> Any:

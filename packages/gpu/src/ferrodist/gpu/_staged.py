@@ -72,25 +72,6 @@ def _cuda() -> Any:
     return core_cuda.numba_cuda("staged collectives on CUDA tensors")
 
 
-class _Kernels:
-    """The device kernels, one launch at a time under the simulator (its kernel context is
-    process-global, so ranks running as threads must not launch concurrently there)."""
-
-    _lock = threading.Lock()
-
-    def __getattr__(self, name: str) -> Any:
-        fn = getattr(_cuda_kernels, name)
-        if not core_cuda.simulated():
-            return fn
-
-        def serialised(*args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                return fn(*args, **kwargs)
-
-        return serialised
-
-
-kernels = _Kernels()
 
 Step = Callable[[int, int], None]
 
@@ -247,9 +228,9 @@ class StagedEngine:
             if dt is not float32 or wire is not bfloat16:  # ProcessGroup checked this already
                 raise InvalidArgument(f"all_reduce: cannot compress {dt.name} to {wire.name}")
             bits = self._scratch(1, flat.shape[0], np.dtype(np.uint16))
-            kernels.cast(bits, bfloat16, flat, float32)
+            _cuda_kernels.cast(bits, bfloat16, flat, float32)
             self._elementwise(call, bits, bfloat16, lambda part: host.all_reduce(part, bfloat16, op), True, True)
-            kernels.cast(flat, float32, bits, bfloat16)
+            _cuda_kernels.cast(flat, float32, bits, bfloat16)
 
     def broadcast(self, call: EngineCall, host: HostRoute, x: Tensor, root: int) -> None:
         mine, dt = call.rank == root, x.dtype
