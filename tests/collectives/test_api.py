@@ -11,7 +11,6 @@ import pytest
 
 import ferrodist.collectives as dist
 from ferrodist.core import (
-    BackendUnavailable,
     CollectiveMismatch,
     CollectiveTimeout,
     Group,
