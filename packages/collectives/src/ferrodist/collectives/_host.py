@@ -13,7 +13,7 @@ unrelated bytes.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferrodist.core import DType, ReduceOp, reducer
 
@@ -138,3 +138,10 @@ def _whole(array: Array, size: int) -> Blocks:
     blocks = Blocks(array[k * count : (k + 1) * count] for k in range(size))
     blocks.whole = array
     return blocks
+
+
+if TYPE_CHECKING:  # what device engines are handed satisfies transport's protocols (checked by mypy)
+    from ferrodist.transport import EngineCall, HostRoute
+
+    _host_check: type[HostRoute] = BoundHost
+    _call_check: type[EngineCall] = Call

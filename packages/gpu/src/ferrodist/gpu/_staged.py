@@ -30,13 +30,23 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ferrodist.core import DType, InvalidArgument, ReduceOp, Tensor, bfloat16, device_pointer, float32
 from ferrodist.core import cuda as core_cuda
-from ferrodist.transport import EngineCall, GroupInfo, HostRoute, Probe, Request, Transport
+from ferrodist.transport import (
+    DeviceEngine,
+    DeviceMessages,
+    EngineCall,
+    EngineProvider,
+    GroupInfo,
+    HostRoute,
+    Probe,
+    Request,
+    Transport,
+)
 
 from . import _copies, _cuda_kernels
 
@@ -441,3 +451,9 @@ class StagedProvider:
 def provider() -> StagedProvider:
     """What the entry point ``ferrodist.device_engines: staged`` loads."""
     return StagedProvider()
+
+
+if TYPE_CHECKING:  # the engine and its provider satisfy transport's protocols (checked by mypy)
+    _engine_check: type[DeviceEngine] = StagedEngine
+    _messages_check: type[DeviceMessages] = StagedEngine
+    _provider_check: type[EngineProvider] = StagedProvider

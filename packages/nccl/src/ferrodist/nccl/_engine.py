@@ -28,7 +28,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from ferrodist.core import (
     float32,
 )
 from ferrodist.core import cuda as core_cuda
-from ferrodist.transport import EngineCall, GroupInfo, HostRoute, Probe
+from ferrodist.transport import DeviceEngine, EngineCall, EngineProvider, GroupInfo, HostRoute, Probe
 
 from ._buffers import DeviceBuffer, nccl_op
 from ._communicator import NcclCommunicator
@@ -421,3 +421,9 @@ class NcclProvider:
 def provider() -> NcclProvider:
     """What the entry point ``ferrodist.device_engines: nccl`` loads."""
     return NcclProvider()
+
+
+if TYPE_CHECKING:  # the engine and its provider satisfy transport's protocols (checked by mypy)
+    _engine_check: type[DeviceEngine] = NcclEngine
+    _provider_check: type[EngineProvider] = NcclProvider
+    _communicator_check: type[Communicator] = NcclCommunicator
