@@ -60,8 +60,10 @@ PUBLIC_API: dict[str, set[str]] = {
         "device_of",
         "driver",
         "error",
+        "has_context",
         "numba_cuda",
         "on_device",
+        "on_device_of",
         "simulated",
     },
     "ferrodist.core.kernels": {

@@ -76,7 +76,6 @@ def test_without_making_contexts_current_the_driver_refuses(monkeypatch):
     context (the worker thread's first driver call is refused)."""
     monkeypatch.setattr(core_cuda, "on_device", lambda *args, **kwargs: contextlib.nullcontext())
     monkeypatch.setattr(_cuda, "on_device", lambda *args, **kwargs: contextlib.nullcontext())
-    monkeypatch.setattr(_cuda, "_local", threading.local())  # threads that passed the door forget it
     with pytest.raises(fc.FerrodistError, match="CUDA_ERROR_INVALID_CONTEXT"):
         all_reduce_everywhere()
 

@@ -34,7 +34,9 @@ __all__ = [
     "driver",
     "error",
     "is_device_array",
+    "has_context",
     "on_device",
+    "on_device_of",
     "simulated",
 ]
 
@@ -47,7 +49,6 @@ _HOW = (
 SIMULATED = SimulatedDriver()
 
 _lock = threading.Lock()
-_local = threading.local()  # .attached: this thread has passed cuda() once
 _started: set[int] = set()  # id() of drivers cuInit was called on
 _numba_started: list[bool] = []  # [True] once numba's driver was initialised (under _lock)
 _primary: dict[tuple[int, int], Any] = {}  # (id(driver), device) -> its primary context, retained
@@ -96,10 +97,11 @@ def driver() -> Any:
 
 
 def cuda(operation: str = "a CUDA tensor") -> Any:
-    """``numba.cuda``, ready in the calling thread: the driver initialised once per process
-    (under a lock: Numba's own first initialisation is not safe from several threads at
-    once) and, in a thread without a current context, the current device's primary context
-    made current. ``DeviceUnavailable`` says what to install when there is no device."""
+    """``numba.cuda``, with its driver initialised once per process under a lock (Numba's
+    own first initialisation is not safe from several threads at once: a thread that asks
+    while another initialises goes on with an uninitialised driver). Make a context current
+    (:func:`on_device`) before using it in a thread. ``DeviceUnavailable`` says what to
+    install when there is no device."""
     module = _load()
     if not _numba_started:
         with _lock:
@@ -108,9 +110,6 @@ def cuda(operation: str = "a CUDA tensor") -> Any:
                 _numba_started.append(True)
     if not module.is_available():
         raise DeviceUnavailable(f"{operation} needs a CUDA device, and none is usable here; {_HOW}")
-    if not _local.__dict__.get("attached"):
-        on_device(None)  # a context for this thread, kept (this thread had none)
-        _local.attached = True
     return module
 
 
@@ -270,6 +269,21 @@ def on_device(index: int | None = None, *, cu: Any = None) -> _Kept | _Pushed:
     return _Pushed(cu)
 
 
+def has_context(cu: Any = None) -> bool:
+    """True when the calling thread has a current context."""
+    cu = driver() if cu is None else cu
+    _start(cu)
+    return bool(int(check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent", cu=cu) or 0))
+
+
+def on_device_of(array: Any) -> _Kept | _Pushed:
+    """:func:`on_device` for the device ``array`` is on, in a thread without a current
+    context; else the current context is kept (the caller chose it, as for any launch)."""
+    if has_context():
+        return _KEPT
+    return on_device(device_of(array))
+
+
 def current_device() -> int:
     """The ordinal of the device whose context is current in this thread (0 when none is,
     and under the simulator)."""
@@ -288,17 +302,27 @@ def device_index() -> int:
     return current_device()
 
 
+def _pointer_device(pointer: int) -> int | None:
+    """The device ordinal of a device pointer, or None (a null pointer, or memory the
+    driver does not describe: then the current context is kept)."""
+    if not pointer:
+        return None
+    cu = driver()
+    _start(cu)
+    attribute = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    try:
+        return int(check(cu.cuPointerGetAttribute(attribute, pointer), "cuPointerGetAttribute", cu=cu))
+    except FerrodistError:
+        return None
+
+
 def device_of(array: Any) -> int:
     """The ordinal of the device a device array's memory is on (the current device for an
     empty array, and 0 under the simulator)."""
     if simulated() or not array.size:
         return current_device()
-    cu = driver()
-    attribute = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    try:
-        return int(check(cu.cuPointerGetAttribute(attribute, device_pointer(array)), "cuPointerGetAttribute", cu=cu))
-    except FerrodistError:  # memory the driver does not describe (an exotic allocator): the current device
-        return current_device()
+    found = _pointer_device(device_pointer(array))
+    return current_device() if found is None else found
 
 
 # ---------------------------------------------------------------------------------------
@@ -319,9 +343,10 @@ def device_pointer(array: Any) -> int:
     return int(array.__cuda_array_interface__["data"][0])
 
 
-def array_from_interface(obj: Any, interface: dict[str, Any]) -> Any:
+def array_from_interface(obj: Any, interface: dict[str, Any], device: int | None = None) -> Any:
     """A device array over the memory that ``interface`` (a ``__cuda_array_interface__``
-    dict) describes, without copying; ``obj`` is kept alive by the result."""
+    dict) describes, without copying; ``obj`` is kept alive by the result. ``device`` is the
+    memory's device when the caller knows it (else the driver is asked)."""
     module = cuda("as_tensor of a CUDA array")
     shape = tuple(int(n) for n in interface["shape"])
     dt = np.dtype(interface["typestr"])
@@ -337,7 +362,8 @@ def array_from_interface(obj: Any, interface: dict[str, Any]) -> Any:
     if pointer == 0 and 0 not in shape:
         raise InvalidArgument(f"as_tensor: the CUDA array of shape {shape} has a null data pointer")
     if not simulated():
-        return module.as_cuda_array(obj)
+        with on_device(device if device is not None else _pointer_device(pointer)):
+            return module.as_cuda_array(obj)
     # Simulator: the "device" pointer is a host address; view it and wrap it like to_device does.
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 

@@ -61,7 +61,6 @@ class Tensor:
         tensor = cls.__new__(cls)
         tensor._array = array
         tensor._dtype = dt
-        _cuda.cuda("a CUDA tensor")  # numba ready, and a context in this thread
         tensor._device = Device("cuda", _cuda.device_of(array))
         tensor._source = source
         return tensor
@@ -288,7 +287,7 @@ def _from_torch(obj: Any) -> Tensor:
     if obj.device.type == "cuda":
         # torch exports no bfloat16 through __cuda_array_interface__: move the bits as int16.
         bits = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
-        array = _cuda.array_from_interface(bits, bits.__cuda_array_interface__)
+        array = _cuda.array_from_interface(bits, bits.__cuda_array_interface__, obj.device.index)
         dt = "bfloat16" if tensor.dtype == torch.bfloat16 else None
         return Tensor.from_device_array(array, dtype=dt, source=obj)
     if obj.device.type != "cpu":

@@ -11,7 +11,18 @@ Example::
         stream = cuda.check(cuda.driver().cuStreamCreate(0), "cuStreamCreate")
 """
 
-from ._cuda import SIMULATED, check, current_device, device_of, driver, error, on_device, simulated
+from ._cuda import (
+    SIMULATED,
+    check,
+    current_device,
+    device_of,
+    driver,
+    error,
+    has_context,
+    on_device,
+    on_device_of,
+    simulated,
+)
 from ._cuda import cuda as numba_cuda
 from ._cuda_sim import SimulatedDriver
 
@@ -23,7 +34,9 @@ __all__ = [
     "device_of",
     "driver",
     "error",
+    "has_context",
     "numba_cuda",
     "on_device",
+    "on_device_of",
     "simulated",
 ]

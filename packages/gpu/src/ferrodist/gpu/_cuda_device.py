@@ -84,18 +84,19 @@ _SIMULATED_LAUNCHES = threading.Lock()
 
 
 def launch(kernel: Any, n: int, stream: Any, threads: int, max_blocks: int, *args: Any) -> None:
-    """Launch ``kernel`` over ``n`` items from any thread (Numba ready and a context current
-    in the thread first)."""
+    """Launch ``kernel`` over ``n`` items from any thread: Numba ready, and in a thread
+    without a current context, the context of the device ``args[0]`` is on made current."""
     blocks, per_block = launch_config(n, threads=threads, max_blocks=max_blocks)
     if not blocks:
         return
     core_cuda.numba_cuda("a ferrodist.gpu kernel")
-    configured = kernel[blocks, per_block, 0 if stream is None else stream]
-    if core_cuda.simulated():
-        with _SIMULATED_LAUNCHES:
+    with core_cuda.on_device_of(args[0]):
+        configured = kernel[blocks, per_block, 0 if stream is None else stream]
+        if core_cuda.simulated():
+            with _SIMULATED_LAUNCHES:
+                configured(*args)
+        else:
             configured(*args)
-    else:
-        configured(*args)
 
 
 def jit_kernel(fn: Any) -> Any:
