@@ -55,7 +55,9 @@ def test_using_the_default_group_before_init_is_a_clear_error():
 def test_init_errors():
     with pytest.raises(InvalidArgument, match="run_world"):
         dist.init_process_group("simulated", rank=0, world_size=4)
-    with pytest.raises(InvalidArgument, match="backend='nccl' sends CUDA tensors through NCCL, but cuda_route='staged'"):
+    with pytest.raises(
+        InvalidArgument, match="backend='nccl' sends CUDA tensors through NCCL, but cuda_route='staged'"
+    ):
         dist.init_process_group("nccl", cuda_route="staged")
     with pytest.raises(InvalidArgument, match="cuda_route='fast' is not a CUDA route; use one of auto, nccl, staged"):
         dist.init_process_group("simulated", cuda_route="fast")

@@ -110,7 +110,9 @@ class LazyDriver(SimulatedDriver):
         return (0,)
 
     def cuGetErrorName(self, err):
-        return 0, {NOT_READY: b"CUDA_ERROR_NOT_READY", 201: b"CUDA_ERROR_INVALID_CONTEXT"}.get(err, b"CUDA_ERROR_UNKNOWN")
+        return 0, {NOT_READY: b"CUDA_ERROR_NOT_READY", 201: b"CUDA_ERROR_INVALID_CONTEXT"}.get(
+            err, b"CUDA_ERROR_UNKNOWN"
+        )
 
     def cuGetErrorString(self, err):
         return 0, b"stand-in"

@@ -82,7 +82,6 @@ def _cuda() -> Any:
     return core_cuda.numba_cuda("staged collectives on CUDA tensors")
 
 
-
 Step = Callable[[int, int], None]
 
 
