@@ -17,6 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ferrodist.core import _jit
@@ -116,3 +117,69 @@ def test_an_entry_for_other_argument_types_is_recompiled_not_run(tmp_path, which
         assert again.stdout == first.stdout
     else:  # the control: Numba's own cache runs the other signature's code on these arrays
         assert again.returncode != 0 or again.stdout != first.stdout
+
+
+CALLER = """
+import itertools, json, sys
+import numpy as np
+from numba.core.bytecode import FunctionIdentity
+from ferrodist.core.kernels import PLAIN, PRODUCT, fold_kernel, jit
+
+other = None
+if sys.argv[1] == "second":  # a new process: the other variant (dst is source 0) compiled
+    # first, on the counter value the first process gave the callee; then the cached caller
+    FunctionIdentity._unique_ids = itertools.count(int(sys.argv[2]))
+    other = fold_kernel(PLAIN, PRODUCT, False, 0)
+    other(np.ones(1, np.int8), (np.ones(1, np.int8), np.ones(1, np.int8)), 1.0)
+apart = fold_kernel(PLAIN, PRODUCT, False, -1)  # the variant the caller calls: dst apart
+
+
+@jit
+def caller(out, a, b):
+    apart(out, (a, b), 1.0)
+
+a, b, out = np.array([2, 111, 10], np.int8), np.array([-44, -18, -117], np.int8), np.zeros(3, np.int8)
+caller(out, a, b)
+compiled = [k.fndesc.unique_name for f in (apart, other) if f for k in f.overloads.values()]
+print(json.dumps({"out": out.tolist(), "compiled": compiled, "cached": bool(caller.stats.cache_hits)}))
+"""
+
+
+def test_a_cached_caller_keeps_its_own_kernel_variant(tmp_path):
+    """Two variants of one kernel factory, the same numba counter value in two processes:
+    the caller cached by the first must still call the variant it was compiled with (before
+    each variant had a name of its own, it ran the other one: rank 0's shm all_reduce of
+    int8 PRODUCT returned its own data squared, depending on the order things compiled)."""
+    import json
+
+    (tmp_path / "caller_module.py").write_text(CALLER)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(tmp_path))
+    runs = []
+    for args in (["first"], ["second"]):
+        if args == ["second"]:
+            args.append(runs[0]["compiled"][0].rpartition("$")[2])
+        done = subprocess.run(
+            [sys.executable, str(tmp_path / "caller_module.py"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[1]["cached"], runs  # the second process loaded the caller from the cache
+    # ... after compiling the other variant under the counter value of the caller's callee
+    assert runs[1]["compiled"][0].rpartition("$")[2] == runs[0]["compiled"][0].rpartition("$")[2], runs
+    expected = (np.array([2, 111, 10]) * np.array([-44, -18, -117])).astype(np.int8).tolist()
+    assert runs[0]["out"] == runs[1]["out"] == expected, runs
+
+
+def test_cached_kernels_are_keyed_on_the_kernels_source():
+    """A cached caller carries copies of the kernels it calls; its entry names the kernels'
+    source, so a change there compiles the callers afresh instead of keeping old code."""
+    from ferrodist.core.kernels import PLAIN, SUM, fold_kernel
+
+    kernel = fold_kernel(PLAIN, SUM, False, -1)
+    kernel(np.ones(2), (np.ones(2), np.ones(2)), 1.0)
+    key = kernel._cache._index_key(kernel.signatures[0], kernel.targetctx.codegen())
+    assert key[-1] == _jit._kernels_stamp() and len(key[-1]) == 64

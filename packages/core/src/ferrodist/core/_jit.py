@@ -8,9 +8,12 @@ rank's thread never blocks another rank's thread).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import hashlib
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numba
@@ -96,6 +99,14 @@ class SafeCache(caching.FunctionCache):
         super().__init__(py_func)
         self._cache_file.__class__ = LockedCacheFile
 
+    def _index_key(self, sig: Any, codegen: Any) -> Any:
+        """Numba's key (signature, machine, the function's bytecode and closure) and the
+        source of core's kernels: a cached caller carries a copy of every kernel it calls
+        (shm's pipelines call core's fold kernels), and Numba keys an entry on the caller's
+        own source only, so a caller cached before the kernels changed would keep running
+        the old kernels' code."""
+        return (*super()._index_key(sig, codegen), _kernels_stamp())
+
     def _load_overload(self, sig: Any, target_context: Any) -> Any:
         loaded = super()._load_overload(sig, target_context)
         if loaded is not None:
@@ -103,6 +114,16 @@ class SafeCache(caching.FunctionCache):
             if tuple(loaded.signature.args) != tuple(args):
                 return None
         return loaded
+
+
+@functools.cache
+def _kernels_stamp() -> str:
+    """A digest of the sources every cached kernel may carry: this module and ``_kernels``."""
+    digest = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in ("_jit.py", "_kernels.py"):
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()
 
 
 @intrinsic

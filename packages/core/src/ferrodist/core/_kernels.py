@@ -152,7 +152,6 @@ def fold_kernel(kind: int, op: int, divide: bool, position: int) -> Any:
     the source it is. ``srcs`` is a tuple of 1 to ``MAX_FUSED_SOURCES`` arrays."""
     divides = int(divide)
 
-    @jit
     def kernel(dst, srcs, divisor):  # type: ignore[no-untyped-def]
         n = np.uint64(dst.shape[0])  # unsigned: no negative-index wrap-around, which blocks vectorising
         for u in range(np.uint64(0), n):
@@ -164,7 +163,13 @@ def fold_kernel(kind: int, op: int, divide: bool, position: int) -> Any:
                 acc = combine(acc, x, op)
             dst[u] = store(finish(acc, divisor, divides, kind), kind)
 
-    return kernel
+    # A name of its own per variant. Numba names compiled code "qualified name $ a counter
+    # of this process", and a cached caller (shm's pipelines) carries its callee's code
+    # under that name: in a process where another variant got the same name first, the
+    # cached caller was linked to that variant's code (rank 0's all_reduce then folded
+    # its own data twice). Distinct names keep every variant apart, in every process.
+    kernel.__name__ = kernel.__qualname__ = f"fold_kernel_{kind}_{op}_{divides}_{position + 1}"
+    return jit(kernel)
 
 
 @jit(inline="always")
