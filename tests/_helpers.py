@@ -13,6 +13,17 @@ def examples(count: int) -> int:
     return count * EXAMPLE_SCALE
 
 
+def simulator_only(what: str) -> object:
+    """A marker that skips a test off Numba's CUDA simulator, saying why: ``what`` is what
+    the test drives that only exists there (a stand-in driver, a stand-in NCCL)."""
+    import pytest
+
+    return pytest.mark.skipif(
+        os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+        reason=f"runs on Numba's CUDA simulator only (NUMBA_ENABLE_CUDASIM=1): {what}",
+    )
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1."""
     import socket

@@ -29,3 +29,16 @@ def cuda():
     if not module.is_available():
         pytest.skip("no CUDA device: set NUMBA_ENABLE_CUDASIM=1 to run these tests on Numba's CUDA simulator")
     return module
+
+
+@pytest.fixture(scope="module")
+def staged_route():
+    """For tests of the staged engine: their groups ask for the staged route (on a machine
+    with a GPU, a world of one rank, with a GPU of its own, would take the NCCL route)."""
+    saved = os.environ.get("FERRODIST_CUDA_ROUTE")
+    os.environ["FERRODIST_CUDA_ROUTE"] = "staged"
+    yield
+    if saved is None:
+        os.environ.pop("FERRODIST_CUDA_ROUTE", None)
+    else:
+        os.environ["FERRODIST_CUDA_ROUTE"] = saved

@@ -12,7 +12,6 @@ making away and show the refusal.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 
@@ -21,16 +20,15 @@ import pytest
 
 import ferrodist.collectives as dist
 import ferrodist.core as fc
+from _helpers import simulator_only
 from ferrodist.core import _cuda
 from ferrodist.core import cuda as core_cuda
 from ferrodist.testing import run_world
 
 pytest.importorskip("ferrodist.gpu")
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
-    reason="checks the simulator's stand-in driver (NUMBA_ENABLE_CUDASIM=1); on a GPU the real driver "
-    "enforces the same rule in tests/gpu/test_staged_on_gpu.py",
+pytestmark = simulator_only(
+    "the simulator's stand-in driver; on a GPU the real driver enforces the rule in tests/gpu/test_staged_on_gpu.py"
 )
 
 

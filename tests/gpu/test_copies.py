@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import threading
 
 import numpy as np
@@ -25,6 +24,7 @@ import pytest
 
 import ferrodist.collectives as dist
 import ferrodist.core as fc
+from _helpers import simulator_only
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, ReduceOp
 from ferrodist.testing import run_world
 
@@ -34,10 +34,8 @@ from ferrodist.gpu import _copies, _staged  # noqa: E402
 
 NOT_READY = 600
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
-    reason="stand-in drivers copy host memory: these tests run on Numba's CUDA simulator only "
-    "(NUMBA_ENABLE_CUDASIM=1); on a GPU, tests/gpu/test_staged_on_gpu.py covers the real copies",
+pytestmark = simulator_only(
+    "stand-in drivers copy host memory; on a GPU, tests/gpu/test_staged_on_gpu.py covers the real copies"
 )
 
 

@@ -5,13 +5,13 @@ them, with every rank agreeing (Numba's CUDA simulator; the NCCL engine is the s
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 import pytest
 
 import ferrodist.collectives as dist
 import ferrodist.core as fc
+from _helpers import simulator_only
 from ferrodist.core import CollectiveMismatch, DeviceUnavailable, GroupAborted, InvalidArgument
 from ferrodist.testing import run_world
 
@@ -19,9 +19,7 @@ pytest.importorskip("ferrodist.gpu")
 pytest.importorskip("ferrodist.nccl")
 from _nccl_standin import Fabric, use_standin
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="runs on Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)"
-)
+pytestmark = simulator_only("simulated device memory, and a stand-in NCCL where NCCL must run")
 
 
 def dev(array):

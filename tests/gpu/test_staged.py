@@ -17,7 +17,6 @@ Tolerances as in the CPU suite; every rank's all_reduce result must be bit-ident
 from __future__ import annotations
 
 import contextlib
-import os
 
 import ml_dtypes
 import numpy as np
@@ -48,19 +47,6 @@ PAIRS = [(dt, op) for dt in ALL_DTYPES for op in sorted(dt.ops, key=lambda o: o.
 PAIR_IDS = [f"{d.name}-{o.name}" for d, o in PAIRS]
 SIZES = st.sampled_from([3, 2, 1, 4, 5])
 SHAPES = st.one_of(st.sampled_from([(37,), (4, 5), (3,), (0,), ()]), shapes(max_elements=40))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _staged_route():
-    """These are tests of the staged engine: on a machine with a GPU, a world of one rank
-    (a GPU of its own) would otherwise take the NCCL route."""
-    saved = os.environ.get("FERRODIST_CUDA_ROUTE")
-    os.environ["FERRODIST_CUDA_ROUTE"] = "staged"
-    yield
-    if saved is None:
-        os.environ.pop("FERRODIST_CUDA_ROUTE", None)
-    else:
-        os.environ["FERRODIST_CUDA_ROUTE"] = saved
 
 
 def dev(array):
@@ -99,7 +85,10 @@ def finish(work):
 
 
 # Integers wrap on the GPU; the simulator computes with numpy scalars, which warn as they wrap.
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+    pytest.mark.usefixtures("staged_route"),
+]
 
 
 @contextlib.contextmanager

@@ -12,20 +12,7 @@ import ferrodist.collectives as dist
 import ferrodist.core as fc
 from ferrodist.testing import run_world
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _staged_route():
-    """These are tests of the staged engine: on a machine with a GPU, a world of one rank
-    (a GPU of its own) would otherwise take the NCCL route."""
-    saved = os.environ.get("FERRODIST_CUDA_ROUTE")
-    os.environ["FERRODIST_CUDA_ROUTE"] = "staged"
-    yield
-    if saved is None:
-        os.environ.pop("FERRODIST_CUDA_ROUTE", None)
-    else:
-        os.environ["FERRODIST_CUDA_ROUTE"] = saved
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("staged_route")]
 
 
 def _real_gpu() -> str | None:

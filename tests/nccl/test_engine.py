@@ -9,13 +9,12 @@ Real NCCL on one GPU: tests/nccl/test_engine_on_gpu.py. Several GPUs: no machine
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 import ferrodist.collectives as dist
 import ferrodist.core as fc
+from _helpers import simulator_only
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, GroupAborted, ReduceOp
 from ferrodist.testing import run_world
 
@@ -23,10 +22,8 @@ pytest.importorskip("ferrodist.nccl")
 pytest.importorskip("ferrodist.gpu")
 from _nccl_standin import UID, Fabric, use_standin
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
-    reason="the stand-in NCCL moves simulated device memory (NUMBA_ENABLE_CUDASIM=1); on a GPU "
-    "tests/nccl/test_engine_on_gpu.py runs the real one",
+pytestmark = simulator_only(
+    "the stand-in NCCL moves simulated device memory; on a GPU tests/nccl/test_engine_on_gpu.py runs the real one"
 )
 
 
