@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := core transport collectives testing nn ddp pipeline launch gpu nccl torch
 STAMP := $(VENV)/.installed
+# What the demo runs: numpy, numba and ml_dtypes underneath, nothing else (no torch, MPI,
+# CUDA, NCCL or test tools); `make test` adds the rest to the same .venv.
+DEMO_PACKAGES := core transport collectives launch nn ddp pipeline
+DEMO_STAMP := $(VENV)/.demo-installed
 # A second NCCL release for tests/nccl/test_versions.py: the oldest the nccl extras allow.
 NCCL_OLDEST := 2.18.3
 
@@ -18,7 +22,13 @@ $(STAMP): Makefile pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyprojec
 		nvidia-nccl-cu12==$(NCCL_OLDEST)
 	touch $@
 
-demo: $(STAMP)
+$(DEMO_STAMP): Makefile $(foreach p,$(DEMO_PACKAGES),packages/$(p)/pyproject.toml)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q 'pip>=25.1'
+	$(BIN)/python -m pip install -q $(foreach p,$(DEMO_PACKAGES),-e packages/$(p))
+	touch $@
+
+demo: $(DEMO_STAMP)
 	$(BIN)/ferrodist run -n 2 examples/all_reduce_ranks.py
 	$(BIN)/ferrodist run -n 2 examples/train_ddp.py
 	$(BIN)/ferrodist run -n 4 examples/train_pipeline.py
