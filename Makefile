@@ -4,8 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := core transport collectives testing nn ddp pipeline launch gpu nccl torch
 STAMP := $(VENV)/.installed
-# What the demo runs: numpy, numba and ml_dtypes underneath, nothing else (no torch, MPI,
-# CUDA, NCCL or test tools); `make test` adds the rest to the same .venv.
+# What the demo runs: numpy, numba and ml_dtypes underneath, and tqdm for its progress bar (no
+# torch, MPI, CUDA, NCCL or test tools); `make test` adds the rest to the same .venv.
 DEMO_PACKAGES := core transport collectives launch nn ddp pipeline
 DEMO_STAMP := $(VENV)/.demo-installed
 # A second NCCL release for tests/nccl/test_versions.py: the oldest the nccl extras allow.
@@ -25,7 +25,7 @@ $(STAMP): Makefile pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyprojec
 $(DEMO_STAMP): Makefile $(foreach p,$(DEMO_PACKAGES),packages/$(p)/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q 'pip>=25.1'
-	$(BIN)/python -m pip install -q $(foreach p,$(DEMO_PACKAGES),-e packages/$(p))
+	$(BIN)/python -m pip install -q $(foreach p,$(DEMO_PACKAGES),-e packages/$(p)) tqdm
 	touch $@
 
 demo: $(DEMO_STAMP)
