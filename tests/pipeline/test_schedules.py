@@ -156,6 +156,20 @@ def test_render_png_writes_an_image(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_picture_has_a_legend_of_the_action_kinds():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    for schedule, kinds in (
+        (ZeroBubbleH1(), ["F: forward", "B: backward (input)", "W: backward (weights)"]),
+        (GPipe(), ["F: forward", "BW: backward"]),
+    ):
+        fig = simulate(schedule, 4, 8).figure()
+        legend = fig.axes[0].get_legend()
+        assert [t.get_text() for t in legend.get_texts()] == kinds
+        plt.close(fig)
+
+
 def test_split_sequential_balances_parameters_or_takes_cuts():
     model = Sequential(Linear(4, 100, rng=0), ReLU(), Linear(100, 4, rng=1), ReLU(), Linear(4, 4, rng=2))
     stages = split_sequential(model, 2)

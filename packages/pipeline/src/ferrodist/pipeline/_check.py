@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ferrodist.core import BackendUnavailable, InvalidArgument
 
@@ -41,7 +42,7 @@ class Timeline:
     """What ``simulate`` returns: every rank's slots and the figures of the schedule."""
 
     schedule: str
-    n_stages: int
+    n_ranks: int
     n_microbatches: int
     slots: tuple[tuple[Slot, ...], ...]
     makespan: float
@@ -58,7 +59,7 @@ class Timeline:
         width = max((len(str(s.action)) for s in every), default=2) + 1
         columns = round(self.makespan / unit)
         lines = [
-            f"{self.schedule}: {self.n_stages} ranks, {self.n_microbatches} micro-batches, "
+            f"{self.schedule}: {self.n_ranks} ranks, {self.n_microbatches} micro-batches, "
             f"bubble {self.bubble_fraction:.1%}, peak activations {list(self.peak_activations)}"
         ]
         for rank, row in enumerate(self.slots):
@@ -72,7 +73,16 @@ class Timeline:
         return "\n".join(lines)
 
     def render_png(self, path: str) -> None:
-        """Draw the timeline with matplotlib (optional: ``pip install matplotlib``)."""
+        """Draw the timeline into a PNG file (needs matplotlib: ``pip install matplotlib``)."""
+        import matplotlib.pyplot as plt
+
+        fig = self.figure()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+    def figure(self) -> Any:
+        """The timeline as a matplotlib figure: one row per rank, one bar per action, coloured
+        by kind, with a legend of the kinds (needs matplotlib)."""
         try:
             import matplotlib
 
@@ -81,7 +91,7 @@ class Timeline:
         except ImportError as exc:
             raise BackendUnavailable("Timeline.render_png needs matplotlib: pip install matplotlib") from exc
         colours = {"F": "#4c72b0", "B": "#dd8452", "W": "#55a868", "BW": "#c44e52"}
-        fig, ax = plt.subplots(figsize=(max(6.0, self.makespan * 0.35), 0.6 * self.n_stages + 1.2))
+        fig, ax = plt.subplots(figsize=(max(6.0, self.makespan * 0.35), 0.6 * self.n_ranks + 1.2))
         for rank, row in enumerate(self.slots):
             for slot in row:
                 ax.broken_barh(
@@ -99,26 +109,29 @@ class Timeline:
                     fontsize=7,
                     color="white",
                 )
-        ax.set_yticks(range(self.n_stages), [f"rank {r}" for r in range(self.n_stages)])
+        ax.set_yticks(range(self.n_ranks), [f"rank {r}" for r in range(self.n_ranks)])
         ax.invert_yaxis()
+        names = {"F": "forward", "B": "backward (input)", "W": "backward (weights)", "BW": "backward"}
+        kinds = sorted({slot.action.kind for row in self.slots for slot in row}, key=list(colours).index)
+        handles = [plt.Rectangle((0, 0), 1, 1, facecolor=colours[k]) for k in kinds]
+        ax.legend(handles, [f"{k}: {names[k]}" for k in kinds], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         ax.set_xlabel("time")
         ax.set_title(f"{self.schedule}: bubble {self.bubble_fraction:.1%}")
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        return fig
 
 
-def validate(schedule: Schedule, n_stages: int, n_microbatches: int) -> None:
-    """Prove that ``schedule`` runs to the end on ``n_stages`` ranks with ``n_microbatches``
+def validate(schedule: Schedule, n_ranks: int, n_microbatches: int) -> None:
+    """Prove that ``schedule`` runs to the end on ``n_ranks`` ranks with ``n_microbatches``
     micro-batches: every action present once, in a possible order, and no deadlock.
 
     Raises:
         ScheduleError: what is wrong, on which rank, at which action.
     """
-    _run(schedule, n_stages, n_microbatches, None)
+    _run(schedule, n_ranks, n_microbatches, None)
 
 
-def simulate(schedule: Schedule, n_stages: int, n_microbatches: int, costs: Costs = None) -> Timeline:
+def simulate(schedule: Schedule, n_ranks: int, n_microbatches: int, costs: Costs = None) -> Timeline:
     """Run ``schedule`` on a clock: each action starts when its rank is free and what it
     needs has finished (messages take no time).
 
@@ -129,7 +142,7 @@ def simulate(schedule: Schedule, n_stages: int, n_microbatches: int, costs: Cost
     Raises:
         ScheduleError: as ``validate``.
     """
-    return _run(schedule, n_stages, n_microbatches, _cost_function(costs))
+    return _run(schedule, n_ranks, n_microbatches, _cost_function(costs))
 
 
 def _cost_function(costs: Costs) -> Callable[[Action, int], float]:
@@ -148,11 +161,11 @@ def _cost_function(costs: Costs) -> Callable[[Action, int], float]:
 
 
 def _run(
-    schedule: Schedule, n_stages: int, n_microbatches: int, cost: Callable[[Action, int], float] | None
+    schedule: Schedule, n_ranks: int, n_microbatches: int, cost: Callable[[Action, int], float] | None
 ) -> Timeline:
     if not isinstance(schedule, Schedule):
         raise InvalidArgument(f"expected a Schedule (GPipe(), OneFOneB(), ...), not {type(schedule).__name__}")
-    p = _count("n_stages", n_stages)
+    p = _count("n_ranks", n_ranks)
     m = _count("n_microbatches", n_microbatches)
     return _execute(schedule, schedule.all_actions(p, m), p, m, cost)
 
@@ -207,7 +220,7 @@ def _execute(
     busy = sum(slot.end - slot.start for row in rows for slot in row)
     return Timeline(
         schedule=repr(schedule),
-        n_stages=p,
+        n_ranks=p,
         n_microbatches=m,
         slots=tuple(tuple(row) for row in rows),
         makespan=makespan,

@@ -1,7 +1,7 @@
 """Schedules as data: per-rank ordered lists of actions that the engine only executes.
 
-A pipeline of ``n_stages`` ranks runs ``n_microbatches`` micro-batches through
-``n_stages * chunks`` model stages: chunk ``c`` on rank ``r`` is stage ``c * n_stages + r``
+A pipeline of ``n_ranks`` ranks runs ``n_microbatches`` micro-batches through
+``n_ranks * chunks`` model stages: chunk ``c`` on rank ``r`` is stage ``c * n_ranks + r``
 (Megatron's looping placement; one chunk per rank unless interleaved). An action is a
 forward (F), a backward for the input (B), a backward for the weights (W), or both
 backwards fused (BW) of one micro-batch on one chunk. What goes over the wire follows from
@@ -62,25 +62,25 @@ class Schedule:
     #: model chunks per rank (virtual stages); the stage module list on a rank has this length
     chunks: int = 1
 
-    def actions(self, rank: int, n_stages: int, n_microbatches: int) -> list[Action]:
+    def actions(self, rank: int, n_ranks: int, n_microbatches: int) -> list[Action]:
         """This rank's ordered actions for one training step."""
-        lists = self.all_actions(n_stages, n_microbatches)
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n_stages:
-            raise InvalidArgument(f"{self!r}.actions: rank must be in 0..{n_stages - 1}, not {rank!r}")
+        lists = self.all_actions(n_ranks, n_microbatches)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n_ranks:
+            raise InvalidArgument(f"{self!r}.actions: rank must be in 0..{n_ranks - 1}, not {rank!r}")
         return list(lists[rank])
 
-    def all_actions(self, n_stages: int, n_microbatches: int) -> list[list[Action]]:
+    def all_actions(self, n_ranks: int, n_microbatches: int) -> list[list[Action]]:
         """Every rank's list (rank order)."""
-        p = _count(f"{self!r}: n_stages", n_stages)
+        p = _count(f"{self!r}: n_ranks", n_ranks)
         m = _count(f"{self!r}: n_microbatches", n_microbatches)
         return [list(actions) for actions in self._lists(p, m)]
 
     def _lists(self, p: int, m: int) -> tuple[tuple[Action, ...], ...]:
         raise NotImplementedError
 
-    def stage(self, rank: int, chunk: int, n_stages: int) -> int:
+    def stage(self, rank: int, chunk: int, n_ranks: int) -> int:
         """The model stage that ``chunk`` of ``rank`` holds."""
-        return chunk * n_stages + rank
+        return chunk * n_ranks + rank
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
