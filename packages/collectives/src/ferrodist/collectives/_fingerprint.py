@@ -90,3 +90,12 @@ def describe(value: int) -> str:
     if value & DIRECT:
         parts.append("device to device through NCCL")
     return f"{OPERATIONS[code - 1]}({', '.join(parts)})"
+
+
+def nbytes(value: int) -> int:
+    """The bytes a fingerprint's call moves per rank (its dtype's size times its count; 0
+    when it names no dtype)."""
+    dtype_code = (value >> 54) & 0x1F
+    if not 1 <= dtype_code <= len(ALL_DTYPES):
+        return 0
+    return ALL_DTYPES[dtype_code - 1].itemsize * (value & COUNT_MASK)

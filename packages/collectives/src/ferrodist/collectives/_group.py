@@ -292,6 +292,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
                 async_op=async_op,
                 timeout=timeout,
                 shape=t.shape,
+                route=dev.name,
             )
         engine = _ring.all_reduce if name == "ring" else _doubling.all_reduce
         kernel = reducer(t.dtype, reduce_op)
@@ -310,6 +311,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             async_op=async_op,
             timeout=timeout,
             shape=t.shape,
+            route="transport" if native else name,
         )
 
     def broadcast(self, tensor: Any, src: int = 0, *, async_op: bool = False, timeout: Timeout = None) -> Work | None:
@@ -350,6 +352,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             async_op=async_op,
             timeout=timeout,
             shape=t.shape,
+            route=_route_name(dev, native, "tree"),
         )
 
     def reduce(
@@ -390,6 +393,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             async_op=async_op,
             timeout=timeout,
             shape=t.shape,
+            route=_route_name(dev, native, "tree"),
         )
 
     def all_gather(self, output: Any, tensor: Any, *, async_op: bool = False, timeout: Timeout = None) -> Work | None:
@@ -436,7 +440,10 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             _ring.all_gather(call, blocks)
 
         fp = fingerprint("all_gather", t.dtype, t.numel, direct=dev is not None and dev.direct)
-        return self._runner.launch("all_gather", body, fp, async_op=async_op, timeout=timeout, shape=t.shape)
+        route = _route_name(dev, native, "ring")
+        return self._runner.launch(
+            "all_gather", body, fp, async_op=async_op, timeout=timeout, shape=t.shape, route=route
+        )
 
     def reduce_scatter(
         self,
@@ -495,7 +502,10 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
                 _ring.reduce_scatter(call, out, blocks, kernel, divisor)
 
         fp = fingerprint("reduce_scatter", out_t.dtype, out_t.numel, reduce_op, direct=dev is not None and dev.direct)
-        return self._runner.launch("reduce_scatter", body, fp, async_op=async_op, timeout=timeout, shape=out_t.shape)
+        route = _route_name(dev, native, "ring")
+        return self._runner.launch(
+            "reduce_scatter", body, fp, async_op=async_op, timeout=timeout, shape=out_t.shape, route=route
+        )
 
     def gather(
         self,
@@ -540,6 +550,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             async_op=async_op,
             timeout=timeout,
             shape=t.shape,
+            route=_route_name(dev, native, "direct"),
         )
 
     def scatter(
@@ -585,6 +596,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             async_op=async_op,
             timeout=timeout,
             shape=t.shape,
+            route=_route_name(dev, native, "direct"),
         )
 
     def all_to_all(self, outputs: Any, inputs: Any, *, async_op: bool = False, timeout: Timeout = None) -> Work | None:
@@ -618,6 +630,7 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
             fp,
             async_op=async_op,
             timeout=timeout,
+            route=_route_name(dev, None, "direct"),
         )
 
     def barrier(self, *, async_op: bool = False, timeout: Timeout = None) -> Work | None:
@@ -625,7 +638,10 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         self._checker("barrier")
         native = self._native
         body = (lambda call: native.barrier(call.deadline, call.fingerprint, call.seq)) if native else _tree.barrier
-        return self._runner.launch("barrier", body, fingerprint("barrier"), async_op=async_op, timeout=timeout)
+        route = "transport" if native else "dissemination"
+        return self._runner.launch(
+            "barrier", body, fingerprint("barrier"), async_op=async_op, timeout=timeout, route=route
+        )
 
     # -- lifetime --------------------------------------------------------------------------------
     def _shutdown(self, timeout: float = 5.0) -> None:
@@ -640,3 +656,11 @@ class ProcessGroup(PointToPoint, ObjectCollectives, TensorCollectives, Monitored
         if native is not None:
             native.free()
         self._devices.close()
+
+
+def _route_name(dev: DeviceEngine | None, native: Any, ours: str) -> str:
+    """Where a call runs, for the trace: the device engine, the transport's own
+    collectives, or ours (``ours`` names the algorithm)."""
+    if dev is not None:
+        return dev.name
+    return "transport" if native else ours

@@ -7,11 +7,13 @@ the group's timeout (or the caller's); an aborted group fails them at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ferrodist.core import FerrodistError, GroupAborted, InvalidRank
 from ferrodist.transport import DeviceMessages, Transport
 
+from . import _trace
 from ._call import MAX_USER_TAG, p2p_tag
 from ._checks import Checker
 from ._device import device_type, messages
@@ -56,23 +58,39 @@ class PointToPoint:
             return (dev.isend if sending else dev.irecv)(self._transport, x, peer, tag)
         return (self._transport.isend if sending else self._transport.irecv)(x, peer, tag)
 
+    def _traced(self, operation: str, peer: int, tag: int, x: Any) -> Callable[[bool], None] | None:
+        """What records a message in this rank's trace when it ends (None: tracing is off)."""
+        tracer = self._runner.tracer
+        if tracer is None:
+            return None
+        start, group = _trace.now(), self._name
+        args = {"group": group, "peer": peer, "tag": tag, "bytes": int(x.nbytes)}
+
+        def record(failed: bool) -> None:
+            tracer.event(operation, "p2p", f"group {group} messages", start, _trace.now(), {**args, "failed": failed})
+
+        return record
+
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to group rank ``dst``; don't modify it until ``wait()`` returns."""
         x, peer, wire_tag, context, dev = self._p2p("isend", tensor, dst, tag, writeable=False)
+        traced = self._traced("isend", peer, tag, x)
         request = self._start(x, peer, wire_tag, dev, sending=True)
-        return RequestWork(context, request, self._timeout, context)
+        return RequestWork(context, request, self._timeout, context, traced)
 
     def irecv(self, tensor: Any, src: int, tag: int = 0) -> Work:
         """Start receiving into ``tensor`` from group rank ``src``; read it after ``wait()``."""
         x, peer, wire_tag, context, dev = self._p2p("irecv", tensor, src, tag, writeable=True)
+        traced = self._traced("irecv", peer, tag, x)
         request = self._start(x, peer, wire_tag, dev, sending=False)
-        return RequestWork(context, request, self._timeout, context)
+        return RequestWork(context, request, self._timeout, context, traced)
 
     def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: Timeout = None) -> None:
         """Send ``tensor`` to group rank ``dst`` (matched by a ``recv`` there with the same tag)."""
         x, peer, wire_tag, context, dev = self._p2p("send", tensor, dst, tag, writeable=False)
+        traced = self._traced("send", peer, tag, x)
         request = self._start(x, peer, wire_tag, dev, sending=True)
-        RequestWork(context, request, self._runner.limit(timeout, "send"), context).wait()
+        RequestWork(context, request, self._runner.limit(timeout, "send"), context, traced).wait()
 
     def abort(self, error: BaseException) -> None:
         """Fail this group on every member because of ``error`` (raised by code that drives
@@ -103,5 +121,6 @@ class PointToPoint:
     def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: Timeout = None) -> None:
         """Receive into ``tensor`` from group rank ``src`` (the message must have its exact size)."""
         x, peer, wire_tag, context, dev = self._p2p("recv", tensor, src, tag, writeable=True)
+        traced = self._traced("recv", peer, tag, x)
         request = self._start(x, peer, wire_tag, dev, sending=False)
-        RequestWork(context, request, self._runner.limit(timeout, "recv"), context).wait()
+        RequestWork(context, request, self._runner.limit(timeout, "recv"), context, traced).wait()

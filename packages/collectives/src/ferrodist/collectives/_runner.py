@@ -16,9 +16,10 @@ from collections.abc import Callable, Sequence
 from ferrodist.core import CollectiveMismatch, FerrodistError, GroupAborted
 from ferrodist.transport import Transport
 
-from . import _failure
+from . import _failure, _trace
 from ._call import Call, Scratch, collective_tag
 from ._debug import check_agreement
+from ._fingerprint import describe, nbytes
 from ._order import CallOrder
 from ._record import record_failure
 from ._timeouts import Timeout, seconds
@@ -64,6 +65,8 @@ class Runner:
         self.closed = False
         self._worker: Worker | None = None
         self._worker_lock = threading.Lock()
+        # This rank's trace (FERRODIST_TRACE), or None: then a call pays one check.
+        self.tracer = _trace.tracer(transport.rank) if self.rank is not None else None
         if self.rank is not None:
             transport.on_abort(group_id, self._respond)
 
@@ -76,6 +79,7 @@ class Runner:
         async_op: bool,
         timeout: Timeout,
         shape: tuple[int, ...] = (),
+        route: str = "",
     ) -> Work | None:
         """Run ``body`` as the group's next call (now, or on the async worker), in the order
         the calls were issued (see ``_order``).
@@ -83,27 +87,35 @@ class Runner:
         ``fp`` is the call's fingerprint (see ``_fingerprint``): every message of the call
         carries it and the call's number, and a peer in another call is reported as a
         ``CollectiveMismatch``. In debug mode the ranks first compare ``fp`` and ``shape``
-        (see ``_debug``).
+        (see ``_debug``). ``route`` names where it runs, for the trace.
         """
         rank = self.member(operation)
         limit = self.limit(timeout, operation)
         seq = self.order.issue()
+        tracer = self.tracer
+        issued = _trace.now() if tracer is not None else 0
 
         def run() -> None:
+            started, failed = issued, True
             try:
                 self._enter(seq, limit, operation)
+                if tracer is not None:
+                    started = _trace.now()
                 self.order.entered = seq
                 deadline = time.monotonic() + limit  # counted from the call's turn
                 call = Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq)
                 if self.debug:
                     check_agreement(call, shape)
                 body(call)
+                failed = False
             except FerrodistError as exc:
                 raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
             except Exception as exc:  # not ours (a CUDA library's, a bug): fail the call everywhere too
                 raise self._fail(foreign(exc), operation, seq).with_traceback(exc.__traceback__) from exc
             finally:
                 self.order.done(seq)
+                if tracer is not None:
+                    self._traced(tracer, operation, seq, fp, route, issued, started, failed, async_op)
 
         if not async_op:
             run()
@@ -119,17 +131,25 @@ class Runner:
             self.member(operation)  # raises
         order = self.order
         seq = order.issue()
+        tracer = self.tracer
+        issued = started = _trace.now() if tracer is not None else 0
+        failed = True
         try:
             if order.turn != seq or order.blocked is not None:
                 self._enter(seq, self.timeout, operation)
+                if tracer is not None:
+                    started = _trace.now()
             order.entered = seq
             run(time.monotonic() + self.timeout, seq)
+            failed = False
         except FerrodistError as exc:
             raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
         except Exception as exc:
             raise self._fail(foreign(exc), operation, seq).with_traceback(exc.__traceback__) from exc
         finally:
             order.done(seq)
+            if tracer is not None:
+                self._traced(tracer, operation, seq, 0, "transport", issued, started, failed, False)
 
     def fast_call(self, operation: str, fp: int, body: Body) -> None:
         """Run a call validated before with one of our algorithms: ``body(call)``, in this
@@ -139,18 +159,51 @@ class Runner:
             rank = self.member(operation)  # raises
         order = self.order
         seq = order.issue()
+        tracer = self.tracer
+        issued = started = _trace.now() if tracer is not None else 0
+        failed = True
         try:
             if order.turn != seq or order.blocked is not None:
                 self._enter(seq, self.timeout, operation)
+                if tracer is not None:
+                    started = _trace.now()
             order.entered = seq
             deadline = time.monotonic() + self.timeout
             body(Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq))
+            failed = False
         except FerrodistError as exc:
             raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
         except Exception as exc:
             raise self._fail(foreign(exc), operation, seq).with_traceback(exc.__traceback__) from exc
         finally:
             order.done(seq)
+            if tracer is not None:
+                self._traced(tracer, operation, seq, fp, "ferrodist", issued, started, failed, False)
+
+    def _traced(
+        self,
+        tracer: _trace.Tracer,
+        operation: str,
+        seq: int,
+        fp: int,
+        route: str,
+        issued: int,
+        started: int,
+        failed: bool,
+        async_op: bool,
+    ) -> None:
+        """One event of this rank's trace for call ``seq``: from its turn to its end."""
+        args: dict[str, object] = {"group": self.name, "call": seq, "bytes": nbytes(fp)}
+        if fp:
+            args["call_is"] = describe(fp)
+        if route:
+            args["route"] = route
+        args["waited_for_turn_us"] = round((started - issued) / 1000, 1)
+        if async_op:
+            args["async"] = True
+        if failed:
+            args["failed"] = True
+        tracer.event(operation, "collective", f"group {self.name}", started, _trace.now(), args)
 
     def limit(self, timeout: Timeout, operation: str) -> float:
         """A call's timeout: the caller's (seconds or a ``timedelta``, checked), or the group's."""

@@ -71,11 +71,19 @@ class Work:
 class RequestWork(Work):
     """A ``Work`` over one transport request (``isend`` / ``irecv``)."""
 
-    def __init__(self, description: str, request: Request, default_timeout: float, context: str) -> None:
+    def __init__(
+        self,
+        description: str,
+        request: Request,
+        default_timeout: float,
+        context: str,
+        traced: Callable[[bool], None] | None = None,
+    ) -> None:
         super().__init__(description)
         self._request = request
         self._default_timeout = default_timeout
         self._context = context
+        self._traced = traced  # records the message in the rank's trace when it ends (failed?)
 
     def is_completed(self) -> bool:
         return self._done.is_set() or self._request.is_completed()
@@ -89,9 +97,13 @@ class RequestWork(Work):
                 error = exc.with_context(self._context)
                 if not isinstance(exc, CollectiveTimeout):  # a timeout of wait() may be retried
                     self._finish(error)
+                    if self._traced is not None:
+                        self._traced(True)
                 record_failure(error)
                 raise error from None
             self._finish(None)
+            if self._traced is not None:
+                self._traced(False)
         self._outcome(0)
 
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import Group, InvalidArgument, ReduceOp, Work
+from ferrodist.collectives import tracing
+from ferrodist.core import Group, InvalidArgument, ReduceOp, Work, dtype
 
 from ._arrays import ArrayOps, NumpyOps, TorchOps
 from ._buckets import BucketPlan
@@ -80,6 +81,9 @@ class Reducer:
         self.ready_at = [float("nan")] * nb
         self.queued = False
         self.started = time.perf_counter()
+        self.traced = tracing.enabled()  # FERRODIST_TRACE: each bucket on the rank's timeline
+        self.launched = [0] * nb
+        self.step_start = tracing.now() if self.traced else 0
 
     def prepare(self, *, syncing: bool) -> None:
         """Start a step (called from the forward): every gradient becomes its bucket view."""
@@ -139,6 +143,8 @@ class Reducer:
             self._launch(self.next)
 
     def _launch(self, b: int) -> None:
+        if self.traced:
+            self.launched[b] = tracing.now()
         self.works[b] = self.hook(self.buckets[b])
         self.next = b + 1
 
@@ -169,15 +175,21 @@ class Reducer:
             usage = self.model.small(self.used.astype(np.int32))
             usage_work = self.group.all_reduce(usage, ReduceOp.SUM, async_op=True)
         waited = time.perf_counter()
+        waited_at = tracing.now() if self.traced else 0
         try:
-            for work in self.works:
+            for b, work in enumerate(self.works):
                 assert work is not None
                 work.wait()
+                if self.traced:
+                    self._trace_bucket(b)
             if usage_work is not None:
                 usage_work.wait()
         finally:
             self.works = [None] * len(self.buckets)
         wait = time.perf_counter() - waited
+        if self.traced:
+            tracing.span(self.group, "backward", "ddp", "DDP step", self.step_start, waited_at)
+            tracing.span(self.group, "wait for buckets", "ddp", "DDP step", waited_at)
         if self.scale != 1.0:
             for flat in self.flats:
                 self.ops.scale_(flat, self.scale)
@@ -199,6 +211,21 @@ class Reducer:
         if self.on_step is not None:
             ready = [t if t == t else backward_end for t in self.ready_at]
             self.on_step(max(ready) if ready else backward_end, ready, wait)
+
+    def _trace_bucket(self, b: int) -> None:
+        """Bucket ``b`` on the rank's timeline: from the hook's start to the end of its wait."""
+        bucket = self.plan.buckets[b]
+        nbytes = bucket.numel * dtype(bucket.dtype).itemsize
+        tracing.span(
+            self.group,
+            f"bucket {b}",
+            "ddp",
+            "DDP buckets",
+            self.launched[b],
+            parameters=len(bucket.params),
+            bytes=nbytes,
+            ready_ms=round(1e3 * self.ready_at[b], 3) if self.ready_at[b] == self.ready_at[b] else None,
+        )
 
     def sync_all(self) -> None:
         """Average what backwards run outside a DDP forward accumulated (a pipeline step):

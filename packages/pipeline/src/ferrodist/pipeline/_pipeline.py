@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.collectives import ProcessGroup, default_group
+from ferrodist.collectives import ProcessGroup, default_group, tracing
 from ferrodist.core import CollectiveMismatch, DType, Group, InvalidArgument, Work, as_tensor
 
 from ._check import validate
@@ -200,23 +200,20 @@ class _Step:
 
     # -- the loop -----------------------------------------------------------------------
     def go(self) -> Any:
+        traced = tracing.enabled()  # FERRODIST_TRACE: each action on the rank's timeline
         for k, a in enumerate(self.actions):
-            self._post_ahead(k)
-            s = self._stage(a)
-            stage = self.pipe.stages[a.chunk]
-            if a.kind == "F":
-                self._forward(a, s, stage)
-            elif a.kind == "W":
-                stage.backward_weight(a.microbatch)
-                self._release(s, a.microbatch)
-            else:
-                grad = None if s == self.last else self._receive("B", s, a.microbatch)
-                fused = a.kind == "BW"
-                gx = stage.backward(a.microbatch, grad) if fused else stage.backward_input(a.microbatch, grad)
-                if s > 0:
-                    self._send_grad(s, a.microbatch, stage, gx)
-                if fused:
-                    self._release(s, a.microbatch)
+            start = tracing.now() if traced else 0
+            self._act(k, a)
+            if traced:
+                tracing.span(
+                    self.pipe.group,
+                    str(a),
+                    "pipeline",
+                    "pipeline actions",
+                    start,
+                    step=self.pipe.steps,
+                    stage=self._stage(a),
+                )
         for work in self.sends:
             work.wait()
         if not self.training:
@@ -224,6 +221,25 @@ class _Step:
                 return None
             return self.pipe.stages[-1].concat([self.outputs[i] for i in range(self.m)])
         return self.loss if self.last in self._my_stages() else None
+
+    def _act(self, k: int, a: Action) -> None:
+        """Run action ``k`` of this rank's list (with its receives, and its sends started)."""
+        self._post_ahead(k)
+        s = self._stage(a)
+        stage = self.pipe.stages[a.chunk]
+        if a.kind == "F":
+            self._forward(a, s, stage)
+        elif a.kind == "W":
+            stage.backward_weight(a.microbatch)
+            self._release(s, a.microbatch)
+        else:
+            grad = None if s == self.last else self._receive("B", s, a.microbatch)
+            fused = a.kind == "BW"
+            gx = stage.backward(a.microbatch, grad) if fused else stage.backward_input(a.microbatch, grad)
+            if s > 0:
+                self._send_grad(s, a.microbatch, stage, gx)
+            if fused:
+                self._release(s, a.microbatch)
 
     def cancel(self) -> None:
         self.posted.clear()
