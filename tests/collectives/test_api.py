@@ -490,3 +490,116 @@ def test_without_debug_mode_a_shape_difference_of_equal_size_goes_through():
         return x.sum()
 
     assert run_world(2, rank_main) == [12.0, 12.0]
+
+
+_LAUNCHER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "TORCHELASTIC_RUN_ID",
+)
+
+
+@pytest.fixture
+def launcher_env(monkeypatch):
+    """No launcher variable, whatever the calling shell exported; set the test's own with it."""
+    for name in _LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_auto_without_any_launcher_variable_is_a_world_of_one(launcher_env):
+    dist.init_process_group()
+    try:
+        assert (dist.get_rank(), dist.get_world_size()) == (0, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", ["auto", "gloo", "tcp", "shm"])
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        (
+            {"RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29800"},
+            "init_process_group: WORLD_SIZE is not set but RANK='1', MASTER_ADDR='127.0.0.1' and MASTER_PORT='29800' "
+            "are",
+        ),
+        (
+            {"WORLD_SIZE": "2"},
+            "init_process_group: RANK, MASTER_ADDR and MASTER_PORT are not set but WORLD_SIZE='2' is",
+        ),
+        ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29800"}, "init_process_group: RANK, WORLD_SIZE not set;"),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "init_process_group: MASTER_ADDR, MASTER_PORT not set;"),
+        ({"RANK": "abc"}, "init_process_group: environment variable RANK='abc' is not an integer"),
+        ({"OMPI_COMM_WORLD_RANK": "1"}, "init_process_group: OMPI_COMM_WORLD_SIZE is not set but"),
+    ],
+)
+def test_a_launcher_variable_without_the_others_is_an_error_naming_the_missing_ones(launcher_env, backend, env, said):
+    """Never a simulated world of one, and never more or fewer names than are missing."""
+    for name, value in env.items():
+        launcher_env.setenv(name, value)
+    start = time.monotonic()
+    try:
+        with pytest.raises(InvalidArgument) as raised:
+            dist.init_process_group(backend, timeout=5)
+    finally:
+        if dist.is_initialized():  # a world nobody asked for: leave none for the next test
+            dist.destroy_process_group()
+    message = str(raised.value)
+    assert message.startswith(said), message
+    assert "start the ranks with" in message or "set it to a number" in message, message  # what to do
+    assert time.monotonic() - start < 2  # said at once, not after waiting for peers
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("backend", ["simulated", "mpi"])
+def test_backends_that_do_not_read_the_launcher_variables_ignore_a_partial_set(launcher_env, backend):
+    launcher_env.setenv("WORLD_SIZE", "2")
+    if backend == "mpi":
+        pytest.importorskip("mpi4py")
+    dist.init_process_group(backend)
+    try:
+        assert dist.get_world_size() == 1
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", ["auto", "tcp"])
+def test_master_address_in_the_environment_and_rank_and_size_as_arguments(launcher_env, backend):
+    """torch.multiprocessing.spawn's pattern: each process sets MASTER_ADDR and MASTER_PORT
+    and passes its rank and the world size to init_process_group."""
+    from _helpers import free_port
+    from ferrodist.transport import TcpTransport
+
+    port = free_port()
+    launcher_env.setenv("MASTER_ADDR", "127.0.0.1")
+    launcher_env.setenv("MASTER_PORT", str(port))
+    launcher_env.setenv("FERRODIST_TOKEN", "spawn-test")
+    peer: list = []
+    joiner = threading.Thread(
+        target=lambda: peer.append(
+            TcpTransport.connect(rank=1, world_size=2, master_addr="127.0.0.1", master_port=port, timeout=30)
+        )
+    )
+    joiner.start()
+    try:
+        dist.init_process_group(backend, rank=0, world_size=2, timeout=30)
+        try:
+            assert (dist.get_rank(), dist.get_world_size()) == (0, 2)
+        finally:
+            dist.destroy_process_group()
+    finally:
+        joiner.join(35)
+        for transport in peer:
+            transport.close()

@@ -112,3 +112,74 @@ def test_without_mpi4py_the_mpi_backend_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if it were not installed
     with pytest.raises(BackendUnavailable, match=r"pip install 'ferrodist-transport\[mpi\]'"):
         MpiTransport()
+
+
+@pytest.mark.parametrize(
+    ("env", "missing", "unset"),
+    [
+        # a variable forgotten: never a silent world of one
+        (
+            {"RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29800"},
+            "WORLD_SIZE is not set",
+            "unset RANK, MASTER_ADDR and MASTER_PORT",
+        ),
+        ({"WORLD_SIZE": "2"}, "RANK, MASTER_ADDR and MASTER_PORT are not set", "unset WORLD_SIZE"),
+        ({"WORLD_SIZE": "1"}, "RANK is not set", "unset WORLD_SIZE"),  # a world of one needs no master
+        ({"RANK": "0", "LOCAL_RANK": "0"}, "WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set", "unset RANK"),
+        ({"OMPI_COMM_WORLD_RANK": "1"}, "OMPI_COMM_WORLD_SIZE is not set", "unset OMPI_COMM_WORLD_RANK"),
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK is not set", "unset OMPI_COMM_WORLD_SIZE"),
+        ({"PMI_RANK": "0"}, "PMI_SIZE is not set", "unset PMI_RANK"),
+        ({"PMIX_RANK": "0"}, "OMPI_COMM_WORLD_SIZE is not set", "unset PMIX_RANK"),
+    ],
+)
+def test_a_launcher_variable_without_the_others_names_the_missing_ones(env, missing, unset):
+    with pytest.raises(InvalidArgument) as raised:
+        launch_info(env)
+    said = str(raised.value)
+    assert said.startswith(missing + " but "), said
+    assert unset in said and "to run this process alone" in said, said
+    for name, value in env.items():
+        if name != "LOCAL_RANK":
+            assert f"{name}={value!r}" in said, said
+
+
+def test_the_callers_rank_and_size_stand_in_for_missing_variables_only():
+    info = launch_info({"WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}, rank=3)
+    assert (info.rank, info.world_size, info.source, info.master_addr, info.master_port) == (3, 4, "env", "h", 29500)
+    # torch.multiprocessing.spawn's pattern: MASTER_* in the environment, rank and size as arguments
+    info = launch_info({"MASTER_ADDR": "h", "MASTER_PORT": "29500"}, rank=1, world_size=2)
+    assert (info.rank, info.world_size, info.master_addr, info.master_port) == (1, 2, "h", 29500)
+    assert launch_info({"RANK": "2", "WORLD_SIZE": "4"}, rank=0, world_size=8).rank == 2  # the environment's own
+    assert launch_info({}, rank=0, world_size=2) is None  # nothing set: no launcher
+    with pytest.raises(InvalidArgument, match=r"rank=5 and WORLD_SIZE=4 do not describe a rank of a job"):
+        launch_info({"WORLD_SIZE": "4"}, rank=5)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"MASTER_ADDR": "h", "MASTER_PORT": "29500"},  # the caller may give rank= and world_size= itself
+        {"LOCAL_RANK": "1"},  # picks a GPU in a process of its own
+        {"SLURM_PROCID": "0", "SLURM_JOB_ID": "7"},  # an sbatch script run without --ntasks
+        {"SLURM_NTASKS": "4"},  # an salloc shell
+        {"PMIX_RANK": "1", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"},  # srun --mpi=pmix: SLURM's variables place it
+    ],
+)
+def test_variables_that_leave_no_rank_half_set_are_not_errors(env):
+    info = launch_info(env)
+    assert info is None or info.source == "slurm"
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"RANK": "abc"}, "RANK='abc' is not an integer: it is this process's rank"),
+        ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not an integer"),
+        ({"RANK": "0", "WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer: it is the number of ranks"),
+        ({"MASTER_PORT": "http"}, "MASTER_PORT='http' is not an integer"),
+    ],
+)
+def test_a_launcher_variable_that_is_not_a_number_is_named_with_what_to_do(env, said):
+    with pytest.raises(InvalidArgument, match=said) as raised:
+        launch_info(env)
+    assert "set it to a number, or unset it" in str(raised.value)

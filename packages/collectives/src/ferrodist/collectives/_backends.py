@@ -29,18 +29,30 @@ from ferrodist.transport import (
 #: "nccl" is "auto" with CUDA tensors through NCCL).
 BACKENDS = ("simulated", "tcp", "shm", "mpi")
 _log = logging.getLogger("ferrodist.collectives")
+#: The backends that read the launcher's variables ("simulated" and "mpi" do not).
+_READS_ENV = ("auto", "gloo", "nccl", "tcp", "shm")
+_MEANING = {
+    "RANK": "this process's rank, 0 to WORLD_SIZE - 1",
+    "WORLD_SIZE": "the number of ranks",
+    "MASTER_ADDR": "the host of rank 0",
+    "MASTER_PORT": "a free port there",
+}
 
 
 def make_transport(
     backend: str, init_method: str | None, rank: int | None, world_size: int | None, timeout: float
 ) -> Transport:
-    try:
-        info = launch_info()
-    except InvalidArgument as exc:
-        if backend in ("auto", "tcp", "shm") and init_method in (None, "env://"):
-            _tell_the_others(exc)
-        raise
+    info = None
+    if backend in _READS_ENV:
+        try:
+            info = launch_info(rank=rank, world_size=world_size)
+        except InvalidArgument as exc:
+            if init_method in (None, "env://"):
+                _tell_the_others(exc)
+            raise InvalidArgument(f"init_process_group: {exc}") from None
     if backend in ("auto", "gloo", "nccl"):
+        if info is None and world_size is None and init_method in (None, "env://") and _master_in_env():
+            _where(info, rank, world_size, init_method, alone=True)  # MASTER_* alone: raises, naming what is missing
         chosen = _auto(info, rank, world_size, init_method)
         if backend == "gloo":
             _log.info(
@@ -157,12 +169,16 @@ def _mpi_transport(info: LaunchInfo | None, rank: int | None, world_size: int | 
 
 
 def _where(
-    info: LaunchInfo | None, rank: int | None, world_size: int | None, init_method: str | None
+    info: LaunchInfo | None, rank: int | None, world_size: int | None, init_method: str | None, *, alone: bool = False
 ) -> tuple[int, int, str, int]:
-    """Rank, world size and master address for a socket backend."""
-    addr = info.master_addr if info else None
-    port = info.master_port if info else None
+    """Rank, world size and master address for a socket backend: from the arguments, else the
+    launcher's variables (``info``, or ``MASTER_ADDR``/``MASTER_PORT`` alone when nothing
+    placed this process), else ``init_method``'s address. ``alone``: the backend would run a
+    process without these variables as a world of one (say so when they are missing)."""
+    env = os.environ
     method = init_method or "env://"
+    addr: str | None
+    port: int | None
     if method.startswith("tcp://"):
         url = urlparse(method)
         if not url.hostname or not url.port:
@@ -170,13 +186,16 @@ def _where(
         addr, port = url.hostname, url.port
     elif method != "env://":
         raise InvalidArgument(f"init_method {method!r} is not supported; use 'env://' or 'tcp://HOST:PORT'")
+    elif info is not None:
+        addr, port = info.master_addr, info.master_port
+    else:
+        addr = env.get("MASTER_ADDR")
+        port = _port(env["MASTER_PORT"]) if "MASTER_PORT" in env else None
+    given = {"rank": rank, "world_size": world_size}
     rank = rank if rank is not None else (info.rank if info else None)
     world_size = world_size if world_size is not None else (info.world_size if info else None)
-    missing = [
-        name
-        for name, value in (("RANK", rank), ("WORLD_SIZE", world_size), ("MASTER_ADDR", addr), ("MASTER_PORT", port))
-        if value is None
-    ]
+    known = {"RANK": rank, "WORLD_SIZE": world_size, "MASTER_ADDR": addr, "MASTER_PORT": port}
+    missing = [name for name, value in known.items() if value is None]
     if missing:
         if info is not None and info.under_mpi:
             raise InvalidArgument(
@@ -184,10 +203,41 @@ def _where(
                 "use init_process_group('mpi') (or 'auto'), or pass the address to every rank: "
                 "mpiexec -x MASTER_ADDR=HOST -x MASTER_PORT=PORT ... (or init_method='tcp://HOST:PORT')"
             )
-        raise InvalidArgument(
-            f"init_process_group: {', '.join(missing)} not set; start the ranks with `ferrodist run -n N script.py`, "
-            "or set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (or pass init_method='tcp://HOST:PORT', rank=, "
-            "world_size=)"
-        )
+        raise InvalidArgument(_missing_message(missing, given, info, alone))
     assert rank is not None and world_size is not None and addr is not None and port is not None
     return rank, world_size, addr, port
+
+
+def _master_in_env() -> bool:
+    return "MASTER_ADDR" in os.environ or "MASTER_PORT" in os.environ
+
+
+def _port(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgument(
+            f"init_process_group: environment variable MASTER_PORT={text!r} is not an integer: it is a free port on "
+            "the host of rank 0; set it to a number, or unset it"
+        ) from None
+
+
+def _missing_message(missing: list[str], given: dict[str, int | None], info: LaunchInfo | None, alone: bool) -> str:
+    """``init_process_group``'s error when a socket backend lacks ``missing``: how to give it
+    the rest, and what this process was given."""
+    env = os.environ
+    set_here = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name in env]
+    have = [f"{name}={env[name]!r}" for name in set_here]
+    have += [f"{name}={value} (argument)" for name, value in given.items() if value is not None]
+    if info is not None and info.source != "env":
+        have.append(f"rank {info.rank} of {info.world_size} from {info.source}'s variables")
+    asked = ", ".join(f"{name} ({_MEANING[name]})" for name in missing)
+    unset = ""
+    if alone and set_here and all(value is None for value in given.values()):
+        unset = f"; or unset {', '.join(set_here)} to run this process alone"
+    return (
+        f"init_process_group: {', '.join(missing)} not set; start the ranks with `ferrodist run -n N script.py` (or "
+        f"torchrun), which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; or set {asked} on every rank (or "
+        f"pass init_method='tcp://HOST:PORT', rank=, world_size=){unset}"
+        + (f" (this process has {', '.join(have)})" if have else "")
+    )
