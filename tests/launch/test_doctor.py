@@ -70,6 +70,21 @@ def command(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[
     )
 
 
+#: The launcher variables ferrodist reads besides RANK, WORLD_SIZE and MASTER_ADDR.
+LAUNCHER_VARIABLES = (
+    "MASTER_PORT",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+)
+
+
 @pytest.fixture
 def clean_env(monkeypatch):
     """No variable of the ones the doctor judges, whatever the calling shell exported."""
@@ -81,6 +96,7 @@ def clean_env(monkeypatch):
         "MASTER_ADDR",
         "RANK",
         "WORLD_SIZE",
+        *LAUNCHER_VARIABLES,
     ):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
@@ -260,6 +276,55 @@ def test_bad_launcher_variables_are_a_problem(capsys, clean_env):
     code, doc = doctor(capsys)
     assert code == 1
     assert any(p.startswith("launcher variables of this process:") and "RANK='abc'" in p for p in doc["problems"])
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        (
+            {"RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29800"},
+            "WORLD_SIZE is not set but RANK='1', MASTER_ADDR='127.0.0.1' and MASTER_PORT='29800' are",
+        ),
+        ({"WORLD_SIZE": "2"}, "RANK, MASTER_ADDR and MASTER_PORT are not set but WORLD_SIZE='2' is"),
+        (
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29800"},
+            "RANK and WORLD_SIZE are not set but MASTER_ADDR='127.0.0.1' and MASTER_PORT='29800' are",
+        ),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR and MASTER_PORT are not set but RANK and WORLD_SIZE are"),
+        ({"RANK": "abc"}, "environment variable RANK='abc' is not an integer"),
+        ({"OMPI_COMM_WORLD_RANK": "1"}, "OMPI_COMM_WORLD_SIZE is not set but OMPI_COMM_WORLD_RANK='1' is"),
+    ],
+)
+def test_a_partial_launcher_environment_is_a_problem_naming_what_is_missing(capsys, clean_env, env, said):
+    """Not "a world of one, problems none": what init_process_group would refuse, with what to do."""
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    code, doc = doctor(capsys)
+    assert code == 1 and doc["ok"] is False
+    found = [p for p in doc["problems"] if p.startswith("launcher variables of this process: ")]
+    assert len(found) == 1 and said in found[0], doc["problems"]
+    assert "start the ranks with" in found[0] or "set it to a number, or unset it" in found[0], found[0]
+    assert doc["auto"]["picks"]["this process"]["backend"] is None
+    code, text = doctor_text(capsys)
+    assert code == 1 and "problems  none" not in text
+    assert "this process: cannot start (see the problem below)" in text
+    assert f"PROBLEM   {found[0]}" in text
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"RANK": "0", "WORLD_SIZE": "1"},  # a world of one needs no master
+        {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29800"},
+        {"SLURM_PROCID": "0"},  # an sbatch script without --ntasks runs one process
+        {"LOCAL_RANK": "1"},
+    ],
+)
+def test_a_whole_launcher_environment_is_no_problem(capsys, clean_env, env):
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    code, doc = doctor(capsys)
+    assert code == 0 and doc["problems"] == [], doc["problems"]
 
 
 def test_require_gpu_here_says_there_is_none():

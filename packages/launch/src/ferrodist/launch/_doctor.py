@@ -136,7 +136,7 @@ def judge(report: dict[str, Section], require: tuple[str, ...] = ()) -> tuple[li
     problems += _network_problems(report.get("network", {}))
     for job, pick in report.get("auto", {}).get("picks", {}).items():
         if pick["error"]:
-            problems.append(f"launcher variables of {job}: {pick['error']}; fix or unset them")
+            problems.append(f"launcher variables of {job}: {pick['error']}")
     problems += _missing(report, require)
     notes += _notes(report)
     return problems, notes

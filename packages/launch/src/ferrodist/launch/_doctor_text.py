@@ -129,7 +129,9 @@ def _token(s: Section) -> str:
 
 def _auto(s: Section) -> list[str]:
     return [
-        f"{job}: {pick['backend']} ({pick['why']})" if pick["backend"] else f"{job}: ({pick['error']})"
+        f"{job}: {pick['backend']} ({pick['why']})"
+        if pick["backend"]
+        else f"{job}: cannot start (see the problem below)"
         for job, pick in s["picks"].items()
     ]
 

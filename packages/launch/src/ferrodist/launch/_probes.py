@@ -333,9 +333,59 @@ def auto_section(nprocs: int) -> Section:
     picks: Section = {}
     for job, env in jobs.items():
         try:
-            backend, why = pick_backend(launch_info(env), has_mpi4py)
-        except ValueError as exc:  # InvalidArgument: the launcher variables contradict each other
+            info = launch_info(env)
+            backend, why = pick_backend(info, has_mpi4py)
+        except ValueError as exc:  # InvalidArgument: some of a launcher's variables, or a bad value
             picks[job] = {"backend": None, "why": None, "error": str(exc)}
+            continue
+        missing = missing_master(env, info, backend) if job == "this process" else None
+        if missing is not None:
+            picks[job] = {"backend": None, "why": None, "error": missing}
         else:
             picks[job] = {"backend": backend, "why": why, "error": None}
     return {"mpi4py": has_mpi4py, "picks": picks}
+
+
+def missing_master(env: dict[str, str], info: Any, backend: str) -> str | None:
+    """Why ``init_process_group("auto")`` cannot start (without ``rank=``, ``world_size=``
+    or ``init_method=``) in a process with ``env``, whose ``launch_info`` is ``info`` and
+    whose pick is ``backend``, when the master is what is missing; else ``None``."""
+    if info is None:
+        master = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name in env]
+        if not master:
+            return None
+        shown = " and ".join(f"{name}={env[name]!r}" for name in master)
+        return (
+            f"RANK and WORLD_SIZE are not set but {shown} {'is' if len(master) == 1 else 'are'}: "
+            "init_process_group() fails unless the script passes rank= and world_size=; start the ranks with "
+            "`ferrodist run -n N script.py` (or torchrun), set RANK (this process's rank) and WORLD_SIZE (the "
+            f"number of ranks) on every rank, or unset {' and '.join(master)} to run this process alone"
+        )
+    if backend not in ("tcp", "shm"):
+        return None
+    missing = [
+        name for name, value in (("MASTER_ADDR", info.master_addr), ("MASTER_PORT", info.master_port)) if not value
+    ]
+    if not missing:
+        return None
+    if info.under_mpi:
+        return (
+            f"rank {info.rank} of {info.world_size} was started by mpiexec without mpi4py and without "
+            f"{' and '.join(missing)}: install mpi4py (pip install 'ferrodist-transport[mpi]') for the mpi backend, "
+            "or pass the address to every rank: mpiexec -x MASTER_ADDR=HOST -x MASTER_PORT=PORT ..."
+        )
+    names, verb = " and ".join(missing), "is" if len(missing) == 1 else "are"
+    if info.source == "slurm":
+        return (
+            f"{names} {verb} not set and SLURM's variables do not give {'it' if len(missing) == 1 else 'them'} "
+            f"(task {info.rank} of {info.world_size}): set {names} on every task, or start the tasks with srun, "
+            "which sets SLURM_STEP_NODELIST and SLURM_JOB_ID"
+        )
+    meaning = {"MASTER_ADDR": "the host of rank 0", "MASTER_PORT": "a free port there"}
+    return (
+        f"{names} {verb} not set but RANK and WORLD_SIZE are (rank {info.rank} of {info.world_size}): the ranks "
+        "have no master to meet at (unless the script passes init_method='tcp://HOST:PORT'); start the ranks with "
+        "`ferrodist run -n N script.py` (or torchrun), which sets all four; or set "
+        f"{' and '.join(f'{n} ({meaning[n]})' for n in missing)} on every rank; or unset RANK and WORLD_SIZE to "
+        "run this process alone"
+    )
