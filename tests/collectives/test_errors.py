@@ -187,3 +187,45 @@ def test_bad_arguments_fail_before_sending_and_leave_the_group_usable(name, call
         return x[0]
 
     assert run_world(2, rank_main) == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("kind", ["shm", "tcp"])
+def test_a_barrier_a_rank_never_calls_times_out_saying_so_and_naming_it(kind):
+    """Rank 0 calls barrier, rank 1 does not: the error matches torch's
+    test_barrier_timeout_full_group (``" (Timed out|closed|timeout) "``) and names rank 1, on
+    shared memory as on TCP; shared memory's says "timed out"."""
+    import re
+    import threading
+
+    from _helpers import free_port
+    from ferrodist.core import CollectiveTimeout
+    from ferrodist.transport import ShmTransport, TcpTransport
+
+    cls = ShmTransport if kind == "shm" else TcpTransport
+    port = free_port()
+    transports: list = [None, None]
+    groups: list = [None, None]
+
+    def join(rank: int) -> None:
+        transports[rank] = t = cls.connect(
+            rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, timeout=30, token=b"barrier-test"
+        )
+        groups[rank] = dist.ProcessGroup(t, range(2), 0, timeout=30, name="world")
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    try:
+        assert all(g is not None for g in groups), "the 2-rank world did not start"
+        with pytest.raises(CollectiveTimeout) as raised:
+            groups[0].barrier(timeout=1.0)
+        message = str(raised.value)
+        assert kind != "shm" or "timed out" in message, message
+        assert re.search(" (Timed out|closed|timeout) ", message), message
+        assert re.search(r"ranks? \[?1\b", message), message
+    finally:
+        for t in transports:
+            if t is not None:
+                t.close()

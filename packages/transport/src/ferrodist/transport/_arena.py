@@ -181,7 +181,8 @@ class Arena:
             if left <= 0:
                 late = [peer for peer in range(first, stop) if column[peer] < target]
                 raise CollectiveTimeout(
-                    f"rank {self.rank}: shared-memory step did not complete in time; ranks {late} had not got there",
+                    f"rank {self.rank}: timed out in shared memory waiting for ranks {late}, which had not got "
+                    "there by the call's deadline (raise the timeout if they are only slow)",
                     rank=self.rank,
                     waiting_for=tuple(late),
                 )
