@@ -13,10 +13,9 @@ the last non-blank line above its fence:
   block's own text, else 2; any other block runs with ``python``.
 
 Blocks run in a scratch directory, two at a time, each with a time limit, on Numba's CUDA
-simulator unless ``NUMBA_ENABLE_CUDASIM`` says otherwise. Blocks of pages
-that other people are editing and that do not run yet are listed in ``KNOWN_FAILURES`` with
-the reason: they are expected to fail (xfail, strict), so a fixed block makes this test
-fail until its entry is removed.
+simulator unless ``NUMBA_ENABLE_CUDASIM`` says otherwise. Blocks known not to run yet are
+listed in ``KNOWN_FAILURES``, each with the page and the reason: they are expected to fail
+(xfail, strict), so a block that gets fixed makes this test fail until its entry is removed.
 """
 
 from __future__ import annotations
@@ -40,8 +39,8 @@ BLOCK_TIMEOUT = 240.0
 #: Blocks run at once (each is one process, or the ranks of one job).
 PARALLEL = 2
 
-#: Blocks on pages this test's author may not edit, which do not run as written yet:
-#: (page, a line of the block, why). Fix the block, then remove its entry here.
+#: Blocks that do not run as written yet: (page, a line of the block, why). Fix the block,
+#: then remove its entry here.
 KNOWN_FAILURES: list[tuple[str, str, str]] = [
     (
         "docs/collectives.md",
@@ -183,16 +182,18 @@ class _Runner:
 
 @pytest.fixture(scope="module")
 def runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    chosen = {item.callspec.params["block"].id for item in request.session.items if _is_block_item(item)}
+    chosen = {block.id for block in map(_block_of, request.session.items) if block is not None}
     selected = [b for b in ALL if b.id in chosen and not isinstance(b.command(Path("x")), str)]
     run = _Runner(selected, tmp_path_factory.mktemp("doc-blocks"))
     yield run
     run.close()
 
 
-def _is_block_item(item: pytest.Item) -> bool:
+def _block_of(item: pytest.Item) -> Block | None:
+    """The block a collected test runs, or None for other tests."""
     callspec = getattr(item, "callspec", None)
-    return callspec is not None and isinstance(callspec.params.get("block"), Block)
+    block = callspec.params.get("block") if callspec is not None else None
+    return block if isinstance(block, Block) else None
 
 
 def _param(block: Block):  # type: ignore[no-untyped-def]
