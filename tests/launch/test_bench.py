@@ -118,3 +118,105 @@ def test_passes_alternate_the_library_order_and_keep_each_fastest_median(monkeyp
         ("b", "all_reduce", 2.0),
     ]
     assert all(r["passes"] == 2 for r in records)
+
+
+def test_a_sweep_writes_no_file_unless_asked(tmp_path):
+    """Without --json and --plot the table is the whole result: nothing lands in the
+    current directory."""
+    command = [sys.executable, "-m", "ferrodist.launch", "bench", "-n", "2", "--backends", "shm", "--no-floor"]
+    command += ["--ops", "all_reduce", "--min-bytes", "4096", "--max-bytes", "4096", "--rounds", "1", "--no-progress"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "### all_reduce (2 ranks, float32)" in done.stdout and "| 4 KiB |" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+    assert "wrote" not in done.stdout
+
+
+FAKE = [
+    {"library": name, "op": op, "bytes": 4096, "seconds": 1e-5, "ranks": 2, "dtype": "float32"}
+    for name in ("ferrodist:shm", "floor")
+    for op in ("all_reduce", "broadcast")
+]
+
+
+def test_without_matplotlib_plot_names_the_extra_and_the_table_is_still_printed(monkeypatch, capsys, tmp_path):
+    from ferrodist.launch import _cli, main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    monkeypatch.setattr(_cli, "sweep", lambda spec, show_progress=True: list(FAKE))
+    picture, out = tmp_path / "bench.png", tmp_path / "bench.json"
+    code = main(["bench", "--plot", str(picture), "--json", str(out), "--no-progress"])
+    said = capsys.readouterr()
+    assert code == 1
+    assert "pip install 'ferrodist-launch[bench]'" in said.err and f"--plot {picture}" in said.err
+    assert "### all_reduce (2 ranks, float32)" in said.out  # the table all the same
+    assert not picture.exists() and json.loads(out.read_text())["records"]  # and the JSON that was asked for
+
+
+def test_a_plot_path_in_no_directory_is_refused_before_the_sweep(monkeypatch, capsys, tmp_path):
+    from ferrodist.launch import _cli, main
+
+    monkeypatch.setattr(_cli, "sweep", lambda spec, show_progress=True: pytest.fail("the sweep ran"))
+    assert main(["bench", "--json", str(tmp_path / "no" / "such.json")]) == 2
+    assert f"there is no directory {tmp_path / 'no'}" in capsys.readouterr().err
+
+
+def test_the_plot_leaves_out_the_memory_floor(monkeypatch, capsys, tmp_path):
+    """The floor is not a collective and has no busbw: it is in the table, not in the plot."""
+    from ferrodist.launch import _cli, main
+
+    drawn: list = []
+    monkeypatch.setattr(_cli, "sweep", lambda spec, show_progress=True: list(FAKE))
+    monkeypatch.setattr(_cli, "plot", lambda path, records: drawn.append((path, records)))
+    assert main(["bench", "--plot", str(tmp_path / "bench.png"), "--no-progress"]) == 0
+    assert "floor time" in capsys.readouterr().out
+    [(path, records)] = drawn
+    assert path == str(tmp_path / "bench.png")
+    assert {r["library"] for r in records} == {"ferrodist:shm"}
+
+
+class _ColdLibrary:
+    """A stand-in library whose first calls are slow (what loading kernels, first connections
+    and first touches of buffers cost a real one), then fast."""
+
+    rank, size = 0, 1
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def barrier(self) -> None:
+        pass
+
+    def op(self, name, count, dtype):
+        import time
+
+        def call() -> None:
+            self.calls += 1
+            if self.calls <= 12:
+                time.sleep(0.005)
+
+        return call
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_first_size_is_timed_warm(monkeypatch, tmp_path):
+    """Every collective is warmed before the first timed size: its row is not slower than the
+    next one for what a library does once."""
+    from ferrodist.launch import _bench_worker
+
+    monkeypatch.setattr(_bench_worker, "_library", lambda name: _ColdLibrary())
+    out = tmp_path / "results.jsonl"
+    spec = {"ops": ["all_reduce", "broadcast"], "sizes": [4096, 16384], "dtype": "float32", "rounds": 3}
+    spec.update(target=0.01, warmup=0.05)
+    monkeypatch.setattr(sys, "argv", ["worker", "cold", str(out), json.dumps(spec)])
+    _bench_worker.main()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["op"], r["bytes"]) for r in rows] == [
+        ("all_reduce", 4096),
+        ("all_reduce", 16384),
+        ("broadcast", 4096),
+        ("broadcast", 16384),
+    ]
+    assert all(r["seconds"] < 1e-3 for r in rows), rows  # none of the 5 ms first calls was timed

@@ -45,6 +45,8 @@ class BenchSpec:
     rounds: int = 5
     passes: int = 1
     target: float = 0.05
+    #: seconds each collective runs at the first size before anything is timed
+    warmup: float = 0.2
     skipped: dict[str, str] = field(default_factory=dict)
 
 
@@ -87,6 +89,19 @@ def available(library: str, dtype: str = "float32") -> str | None:
     return None
 
 
+def plot_unavailable() -> str | None:
+    """Why ``--plot`` cannot draw here (matplotlib is missing), or ``None`` if it can."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except ValueError:  # a module without a spec: importable, say
+        found = True
+    if not found:
+        return "matplotlib is not installed (pip install 'ferrodist-launch[bench]')"
+    return None
+
+
 def _run_library(library: str, spec: BenchSpec, progress: Callable[[], None]) -> list[dict[str, Any]]:
     worker = [sys.executable, "-m", "ferrodist.launch._bench_worker"]
     payload = json.dumps(
@@ -96,6 +111,7 @@ def _run_library(library: str, spec: BenchSpec, progress: Callable[[], None]) ->
             "dtype": spec.dtype,
             "rounds": spec.rounds,
             "target": spec.target,
+            "warmup": spec.warmup,
         }
     )
     with tempfile.TemporaryDirectory(prefix="ferrodist-bench-") as tmp:

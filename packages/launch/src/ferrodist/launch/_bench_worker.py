@@ -6,9 +6,13 @@ bytes the collective must read and write on each rank (a bound no library can be
 Every rank runs the same sweep; rank 0 writes one JSON line per measurement to OUT and
 prints ``progress <op> <bytes>`` lines for the driver's progress bar.
 
-Each measurement: warm up, then ``rounds`` rounds of (barrier, k back-to-back calls);
-the time of a call is the round's time over k; the median over rounds is reported.
-k is chosen from the warm-up so that a round lasts about ``target`` seconds.
+Before the first timed size, every collective runs at the sweep's first size for about
+``warmup`` seconds (at least ``WARM_CALLS`` calls): what a library does once (loading
+compiled kernels, its first connections and threads, touching its buffers) then lands
+there, not in the first row. Each measurement: two calls (to choose k), then ``rounds``
+rounds of (barrier, k back-to-back calls); the time of a call is the round's time over k;
+the median over rounds is reported. k is chosen so that a round lasts about ``target``
+seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any, Protocol
 import numpy as np
 
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+#: The warm-up of each collective: at least this many calls, at most MAX_WARM_CALLS.
+WARM_CALLS, MAX_WARM_CALLS = 5, 2000
 
 
 class _Library(Protocol):
@@ -175,10 +181,12 @@ def main() -> None:
     name, out_path, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     lib = _library(name)
     itemsize = int(np.dtype(_array(1, spec["dtype"]).dtype).itemsize)
+    if spec["sizes"]:
+        warm(lib, spec["ops"], _count(lib, spec["sizes"][0], itemsize), spec["dtype"], spec.get("warmup", 0.2))
     records = []
     for op_name in spec["ops"]:
         for nbytes in spec["sizes"]:
-            count = max(lib.size, nbytes // itemsize // lib.size * lib.size)
+            count = _count(lib, nbytes, itemsize)
             call = lib.op(op_name, count, spec["dtype"])
             lib.barrier()
             start = time.perf_counter()
@@ -215,6 +223,27 @@ def main() -> None:
             for record in records:
                 out.write(json.dumps(record) + "\n")
     lib.close()
+
+
+def _count(lib: _Library, nbytes: int, itemsize: int) -> int:
+    """Elements of a tensor of about ``nbytes``, a multiple of the ranks (at least one each)."""
+    return max(lib.size, nbytes // itemsize // lib.size * lib.size)
+
+
+def warm(lib: _Library, ops: list[str], count: int, dtype: str, seconds: float) -> None:
+    """Run each of ``ops`` on ``count`` elements until about ``seconds`` have passed on rank 0
+    (``WARM_CALLS`` to ``MAX_WARM_CALLS`` calls; every rank makes as many, rank 0 decides)."""
+    for op_name in ops:
+        call = lib.op(op_name, count, dtype)
+        lib.barrier()
+        start, calls = time.perf_counter(), 0
+        while True:
+            for _ in range(WARM_CALLS):
+                call()
+            calls += WARM_CALLS
+            more = calls < MAX_WARM_CALLS and time.perf_counter() - start < seconds
+            if not _agree(lib, int(more)):
+                break
 
 
 def _agree(lib: _Library, k: int) -> int:

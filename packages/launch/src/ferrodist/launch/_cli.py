@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
-from ._bench import FLOOR, OPS, REFERENCES, BenchSpec, machine, startup, sweep
+from ._bench import FLOOR, OPS, REFERENCES, BenchSpec, machine, plot_unavailable, startup, sweep
 from ._doctor import add_command as add_doctor_command
 from ._doctor import doctor
 from ._report import plot, table, write_json
@@ -76,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
         "bench",
         help="sweep the collectives over sizes and backends (nccl-tests style)",
         description="Time each collective for sizes from --min-bytes to --max-bytes (x4 steps) on each "
-        "backend; print time, busbw and, with --compare, the ratio of Gloo's and mpi4py's times to ferrodist's.",
+        "backend; print time, busbw and, with --compare, the ratio of Gloo's and mpi4py's times to ferrodist's. "
+        "Writes files only when asked: --json PATH, --plot PATH.",
     )
     bench.add_argument("-n", "--nprocs", type=int, default=2, help="ranks per job (default 2)")
     bench.add_argument("--backends", default="shm,tcp", help="ferrodist backends (shm, tcp, mpi)")
@@ -101,14 +103,36 @@ def _parser() -> argparse.ArgumentParser:
         "must read and write; the table divides the first backend's time by it)",
     )
     bench.add_argument("--startup", action="store_true", help="also time launch + init + one all_reduce")
-    bench.add_argument("--json", default="ferrodist-bench.json", help="where to write the measurements")
-    bench.add_argument("--plot", default="ferrodist-bench.png", help="where to draw busbw against size")
+    bench.add_argument(
+        "--json", metavar="PATH", default=None, help="write every measurement, with its busbw, to PATH (JSON)"
+    )
+    bench.add_argument(
+        "--plot",
+        metavar="PATH",
+        default=None,
+        help="draw busbw against size, log-log, one panel per collective, to PATH (PNG; needs matplotlib: "
+        "pip install 'ferrodist-launch[bench]')",
+    )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_doctor_command(commands)
     return parser
 
 
 def _bench(args: argparse.Namespace) -> int:
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder is not None and not os.path.isdir(folder):
+            print(
+                f"ferrodist bench: {option} {path}: there is no directory {folder}; make it or choose another path",
+                file=sys.stderr,
+            )
+            return 2
+    no_plot = plot_unavailable() if args.plot else None
+    if no_plot:
+        print(
+            f"ferrodist bench: --plot {args.plot}: {no_plot}; the sweep runs and prints its table, but draws nothing",
+            file=sys.stderr,
+        )
     sizes = []
     size = args.min_bytes
     while size <= args.max_bytes:
@@ -141,9 +165,15 @@ def _bench(args: argparse.Namespace) -> int:
         for name, seconds in launch.items():
             print(f"| {name} | {seconds:.2f} |")
         print()
-    write_json(args.json, records, extra)
-    plot(args.plot, records)
-    print(f"wrote {args.json} and {args.plot}")
+    if args.json:
+        write_json(args.json, records, extra)
+        print(f"wrote {args.json}")
+    if no_plot:
+        print(f"ferrodist bench: did not draw {args.plot}: {no_plot}", file=sys.stderr)
+        return 1
+    if args.plot:
+        plot(args.plot, [r for r in records if r["library"] != FLOOR])  # the floor has no busbw
+        print(f"wrote {args.plot}")
     return 0
 
 
