@@ -220,3 +220,20 @@ def test_the_first_size_is_timed_warm(monkeypatch, tmp_path):
         ("broadcast", 16384),
     ]
     assert all(r["seconds"] < 1e-3 for r in rows), rows  # none of the 5 ms first calls was timed
+
+
+def test_the_plot_is_log_log_with_a_line_per_library_and_no_floor(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from ferrodist.launch._bench import FLOOR
+    from ferrodist.launch._report import plot
+
+    drawn: list = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: drawn.append(self))
+    with_floor = [*FAKE, {**FAKE[0], "library": FLOOR}]
+    plot(str(tmp_path / "bench.png"), with_floor)
+    [fig] = drawn
+    for ax in fig.axes:
+        assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+        assert FLOOR not in [line.get_label() for line in ax.get_lines()]

@@ -68,7 +68,8 @@ def write_json(path: str, records: Sequence[dict[str, Any]], extra: dict[str, An
 
 
 def plot(path: str, records: Sequence[dict[str, Any]]) -> None:
-    """busbw against size, one panel per collective, one line per library (PNG)."""
+    """busbw against size, one panel per collective, one line per library, both axes
+    logarithmic (PNG). The memory floor has no busbw and is left out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,7 +78,7 @@ def plot(path: str, records: Sequence[dict[str, Any]]) -> None:
     ops = list(dict.fromkeys(r["op"] for r in records))
     fig, axes = plt.subplots(1, len(ops), figsize=(4.5 * len(ops), 3.8), squeeze=False)
     for ax, op in zip(axes[0], ops, strict=True):
-        for lib in dict.fromkeys(r["library"] for r in records):
+        for lib in dict.fromkeys(r["library"] for r in records if r["library"] != FLOOR):
             rows = sorted((r for r in records if r["op"] == op and r["library"] == lib), key=lambda r: r["bytes"])
             if rows:
                 ax.plot(
@@ -87,6 +88,7 @@ def plot(path: str, records: Sequence[dict[str, Any]]) -> None:
                     label=lib,
                 )
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_title(op)
         ax.set_xlabel("bytes")
         ax.set_ylabel("busbw (GB/s)")

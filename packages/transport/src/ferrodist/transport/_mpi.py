@@ -65,7 +65,7 @@ def poll(requests: Sequence[Any], deadline: float, what: str, rank: int, peers: 
         now = time.monotonic()
         if now >= deadline:
             raise CollectiveTimeout(
-                f"rank {rank}: {what} did not complete in time; waiting on ranks {list(peers)}",
+                f"rank {rank}: {what} timed out before it completed; waiting on ranks {list(peers)}",
                 rank=rank,
                 waiting_for=tuple(peers),
             )
