@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     start.add_argument("--log-dir", default=None, help="also write each rank's output, unlabelled, to DIR/rank-K.log")
     start.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="trace every rank's collectives, messages, DDP buckets and pipeline actions into DIR "
+        "(FERRODIST_TRACE), then merge them into DIR/trace.json and say which rank the others waited for",
+    )
+    start.add_argument(
         "-m",
         "--module",
         action="store_true",
@@ -73,6 +80,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     start.add_argument("script", help="a .py file (run with this Python), a module (with -m) or any command")
     start.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    merge = commands.add_parser(
+        "trace",
+        help="merge a traced job's files (FERRODIST_TRACE=DIR, or ferrodist run --trace DIR) into one timeline",
+        description="Merge DIR/rank-*.json, written by a job run with FERRODIST_TRACE=DIR (or ferrodist run "
+        "--trace DIR), into one Chrome trace (DIR/trace.json: open it in https://ui.perfetto.dev or "
+        "chrome://tracing) with a process per rank, and print the calls where the ranks waited longest for the "
+        "last one, and how often each rank was that one.",
+    )
+    merge.add_argument("directory", help="the directory the ranks wrote their trace files to")
+    merge.add_argument("--out", default=None, help="where to write the merged trace (default DIR/trace.json)")
+    merge.add_argument("--png", default=None, help="also draw the timeline into this PNG file (needs matplotlib)")
+    merge.add_argument("--top", type=int, default=10, help="how many of the longest waits to list (default 10)")
     bench = commands.add_parser(
         "bench",
         help="sweep the collectives over sizes and backends (nccl-tests style)",
@@ -183,6 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _bench(args)
     if args.command == "doctor":
         return doctor(args)
+    if args.command == "trace":
+        return _trace_command(args.directory, args.out, args.png, args.top)
+    trace = None if args.trace is None else os.path.abspath(args.trace)
     try:
         result = run(
             args.nprocs,
@@ -195,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grace=args.grace,
             join_timeout=args.join_timeout,
             log_dir=args.log_dir,
+            extra_env=None if trace is None else {"FERRODIST_TRACE": trace},
         )
     except Exception as exc:
         # ferrodist.core (numpy, ml_dtypes) is imported only here: `ferrodist run` starts the
@@ -206,7 +229,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc)
         print(message if message.startswith("ferrodist") else f"ferrodist run: {message}", file=sys.stderr)
         return 2
+    if trace is not None and os.path.isdir(trace) and any(n.startswith("rank-") for n in os.listdir(trace)):
+        _trace_command(trace, None, None, 10)
     return result.exit_code
+
+
+def _trace_command(directory: str, out: str | None, png: str | None, top: int) -> int:
+    """``ferrodist trace DIR``: merge the ranks' trace files and print what they show."""
+    from ferrodist.core import FerrodistError
+
+    from . import _trace
+
+    try:
+        merged = _trace.merge(directory, out)
+        print(_trace.summary(merged, top))
+        if png is not None:
+            _trace.render_png(merged, png)
+            print(f"wrote {png}")
+    except FerrodistError as exc:
+        print(
+            exc.message if exc.message.startswith("ferrodist") else f"ferrodist trace: {exc.message}", file=sys.stderr
+        )
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -181,7 +181,8 @@ def render_png(merged: Merged, path: str | Path, *, tracks: Sequence[str] | None
     ax.invert_yaxis()
     ax.set_xlabel("ms since the first event")
     kinds = sorted({e.get("cat", "") for e in data if e.get("ph") == "X"} & set(_COLOURS))
-    ax.legend([plt.Rectangle((0, 0), 1, 1, facecolor=_COLOURS[k]) for k in kinds], kinds, loc="upper right", fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=_COLOURS[k]) for k in kinds]
+    ax.legend(handles, kinds, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(f"ferrodist trace: {len(merged.ranks)} ranks")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
