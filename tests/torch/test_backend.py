@@ -6,6 +6,10 @@ reads them (DDP's reducer does). Real processes under torchrun: test_torchrun.py
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -256,3 +260,207 @@ def test_send_and_recv_with_futures_on_two_ranks():
         return got.tolist()
 
     assert torch_world(2, body) == [[2.0, 2.0, 2.0], [1.0, 1.0, 1.0]]
+
+
+# -- all_gather_coalesced: torch's output_tensor_lists[rank][i] -------------------------------------
+
+
+def _value(rank: int, i: int) -> float:
+    """A value that tells (rank, input) apart: rank 1's input 2 is 12."""
+    return 10.0 * rank + i
+
+
+@pytest.mark.parametrize(
+    ("size", "count", "alike"), [(2, 2, True), (3, 3, True), (2, 2, False), (2, 3, False), (3, 1, False)]
+)
+def test_all_gather_coalesced_fills_one_list_per_rank(size, count, alike):
+    """``output_tensor_lists[r][i]`` receives rank r's input i. With as many inputs as ranks,
+    all of one shape (``alike``), reading the lists the other way round (``[i][r]``)
+    passes every check and returns the transpose; the values tell (rank, input) apart."""
+
+    def shape(i: int) -> tuple[int, ...]:
+        return (2,) if alike else (i + 1, 2)
+
+    def body(group: FerrodistProcessGroup) -> Any:
+        me = group.rank()
+        inputs = [torch.full(shape(i), _value(me, i)) for i in range(count)]
+        outputs = [[torch.full(shape(i), -1.0) for i in range(count)] for _ in range(size)]
+        group.allgather_coalesced(outputs, inputs).wait()
+        return [[t.tolist() for t in per_rank] for per_rank in outputs]
+
+    expected = [[torch.full(shape(i), _value(r, i)).tolist() for i in range(count)] for r in range(size)]
+    for result in torch_world(size, body):
+        assert not isinstance(result, BaseException), result
+        assert result == expected
+
+
+def test_all_gather_coalesced_asynchronously_with_a_future():
+    def body(group: FerrodistProcessGroup) -> Any:
+        me = group.rank()
+        inputs = [torch.full((3,), _value(me, 0)), torch.full((1,), _value(me, 1))]
+        outputs = [[torch.zeros(3), torch.zeros(1)] for _ in range(2)]
+        opts = dist.distributed_c10d.AllgatherOptions()
+        opts.asyncOp = True
+        values = group.allgather_coalesced(outputs, inputs, opts).get_future().wait()
+        return [t.tolist() for t in values]
+
+    for result in torch_world(2, body):
+        assert result == [[0.0] * 3, [1.0], [10.0] * 3, [11.0]]  # rank 0's inputs, then rank 1's
+
+
+def test_all_gather_coalesced_names_a_layout_that_is_not_one_list_per_rank():
+    def body(group: FerrodistProcessGroup) -> Any:
+        inputs = [torch.ones(2), torch.ones(3), torch.ones(1)]
+        with pytest.raises(InvalidArgument, match=r"output_tensor_lists has 3 lists but the group has 2 ranks"):
+            group.allgather_coalesced([[torch.zeros(2), torch.zeros(2)] for _ in inputs], inputs)
+        with pytest.raises(InvalidArgument, match=r"output_tensor_lists\[1\] has 2 tensors for 3 inputs"):
+            group.allgather_coalesced([[torch.zeros(2), torch.zeros(3), torch.zeros(1)], [torch.zeros(2)] * 2], inputs)
+        out = [torch.zeros(1), torch.zeros(1)]
+        group.allgather([out], [torch.full((1,), float(group.rank()))]).wait()  # nothing was sent
+        return [t.item() for t in out]
+
+    assert torch_world(2, body) == [[0.0, 1.0], [0.0, 1.0]]
+
+
+# -- recv from any source ------------------------------------------------------------------------------
+
+
+def test_recv_from_any_source_in_a_group_of_two_says_who_sent():
+    def body(group: FerrodistProcessGroup) -> Any:
+        me = group.rank()
+        if me == 1:
+            group.send([torch.full((3,), 7.0)], 0, 5).wait()
+            return None
+        got = torch.zeros(3)
+        work = group.recv_anysource([got], 5)
+        work.wait()
+        return work._source_rank(), work.source_rank(), got.tolist()
+
+    assert torch_world(2, body)[0] == (1, 1, [7.0, 7.0, 7.0])
+
+
+def test_recv_from_any_source_in_a_larger_group_says_to_name_the_sender_and_takes_nothing():
+    def body(group: FerrodistProcessGroup) -> Any:
+        me = group.rank()
+        if me == 2:
+            group.send([torch.full((1,), 42.0)], 0).wait()
+        if me != 0:
+            return None
+        got = torch.zeros(1)
+        with pytest.raises(InvalidArgument, match=r"rank 0: recv_anysource: src=None \(any source\) works in a group"):
+            group.recv_anysource([got])
+        group.recv([got], 2).wait()  # the message is still there for a receive that names its sender
+        return got.item()
+
+    assert torch_world(3, body)[0] == 42.0
+
+
+# -- sparse all_reduce -----------------------------------------------------------------------------------
+
+
+def _sparse(rank: int, shape: tuple[int, ...], dense: int = 0) -> Any:
+    """Rank r's sparse COO tensor: entries at rows 0..r (duplicates included, uncoalesced),
+    values that tell ranks apart."""
+    rows = torch.tensor([[*range(rank + 1), 0]])
+    sparse_dims = len(shape) - dense
+    index = torch.cat([rows, *[torch.zeros(1, rank + 2, dtype=torch.long)] * (sparse_dims - 1)])
+    values = (
+        torch.arange(1.0, rank + 3).reshape(-1, *([1] * dense))
+        * (rank + 1)
+        * torch.ones(rank + 2, *shape[sparse_dims:])
+    )
+    return torch.sparse_coo_tensor(index, values, shape, check_invariants=True)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize(("shape", "dense"), [((4,), 0), ((4, 3), 0), ((4, 2, 2), 1), ((5, 2), 1)])
+def test_sparse_all_reduce_sums_every_ranks_entries(size, shape, dense):
+    def body(group: FerrodistProcessGroup) -> Any:
+        x = _sparse(group.rank(), shape, dense)
+        group.allreduce([x]).wait()
+        return x
+
+    expected = sum(_sparse(r, shape, dense).to_dense() for r in range(size))
+    results = torch_world(size, body)
+    for result in results:
+        assert not isinstance(result, BaseException), result
+        assert result.layout == torch.sparse_coo and result.is_coalesced()
+        assert torch.equal(result.to_dense(), expected)
+        assert torch.equal(result.indices(), results[0].indices())
+        assert torch.equal(result.values(), results[0].values())  # the same bits on every rank
+
+
+def test_sparse_all_reduce_of_empty_tensors_and_through_torchs_call(world_of_one):
+    x = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), torch.zeros(0), (3,), check_invariants=True)
+    dist.all_reduce(x)
+    assert x._nnz() == 0 and x.shape == (3,)
+    y = _sparse(2, (4, 2))
+    dist.all_reduce(y, async_op=True).wait()
+    assert torch.equal(y.to_dense(), _sparse(2, (4, 2)).to_dense())
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
+def test_sparse_tensors_are_refused_clearly_where_they_are_not_reduced_with_sum():
+    def body(group: FerrodistProcessGroup) -> Any:
+        x = _sparse(group.rank(), (4,))
+        with pytest.raises(
+            InvalidArgument, match=r"sparse COO tensor is reduced with SUM only .* not MAX; use \.to_dense"
+        ):
+            group.allreduce([x], dist.ReduceOp.MAX)
+        with pytest.raises(
+            InvalidArgument, match=r"rank \d: broadcast: tensor has layout torch.sparse_coo; .*to_dense"
+        ):
+            group.broadcast([x], 0)
+        csr = torch.eye(3).to_sparse_csr()
+        with pytest.raises(InvalidArgument, match=r"layout torch.sparse_csr; .* \.to_sparse_coo\(\) for all_reduce"):
+            group.allreduce([csr])
+        different = _sparse(0, (4,) if group.rank() == 0 else (5,))
+        with pytest.raises(InvalidArgument, match=r"the ranks' sparse tensors differ \(rank 0: float32 \(4,\), "):
+            group.allreduce([different])
+        group.allreduce([x]).wait()  # the group goes on
+        return x.to_dense().tolist()
+
+    expected = (_sparse(0, (4,)).to_dense() + _sparse(1, (4,)).to_dense()).tolist()
+    assert torch_world(2, body) == [expected, expected]
+
+
+# -- registration without importing ferrodist.torch ----------------------------------------------------------
+
+
+def test_torch_registers_the_backend_itself_when_it_is_imported(tmp_path):
+    """torch calls its ``torch.backends`` entry points at the end of ``import torch``:
+    ferrodist-torch's registers "ferrodist" there, importing nothing of ferrodist's
+    collectives until a group is made."""
+    points = [p for p in importlib.metadata.entry_points(group="torch.backends") if p.name == "ferrodist"]
+    assert points, "ferrodist-torch is installed without its torch.backends entry point: pip install -e packages/torch"
+    script = """
+import sys
+import torch, torch.distributed as dist
+assert "ferrodist" in dist.Backend.backend_list
+assert "ferrodist.collectives" not in sys.modules, sorted(m for m in sys.modules if m.startswith("ferrodist"))
+dist.init_process_group("ferrodist", init_method=sys.argv[1], rank=0, world_size=1)
+x = torch.arange(3.0)
+dist.all_reduce(x)
+print(dist.get_backend(), type(dist.group.WORLD).__name__, x.tolist())
+dist.destroy_process_group()
+"""
+    run = [sys.executable, "-c", script, f"file://{tmp_path / 'store'}"]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ferrodist", "FerrodistProcessGroup", "[0.0,", "1.0,", "2.0]"]
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}  # torch's switch: then only the import registers
+    off = "import torch.distributed as d; print('ferrodist' in d.Backend.backend_list)"
+    done = subprocess.run([sys.executable, "-c", off], capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_importing_the_package_is_light_and_its_classes_load_on_first_use():
+    script = (
+        "import sys, ferrodist.torch as ft; light = 'ferrodist.collectives' not in sys.modules; "
+        "print(light, ft.FerrodistProcessGroup.__name__, ft.TRANSPORTS[0], 'ferrodist.collectives' in sys.modules)"
+    )
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.split() == ["True", "FerrodistProcessGroup", "auto", "True"], done.stderr
+    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+        ferrodist.torch.Nope  # noqa: B018

@@ -1,9 +1,10 @@
 """ferrodist.torch: ferrodist as a ``torch.distributed`` backend.
 
-Importing this package registers the backend ``"ferrodist"`` for CPU and CUDA tensors::
+Installing ferrodist-torch registers the backend ``"ferrodist"`` for CPU and CUDA tensors
+when torch is imported (torch's ``torch.backends`` entry points); importing this package
+registers it too, where that is turned off (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``)::
 
     import torch.distributed as dist
-    import ferrodist.torch  # noqa: F401  (registers "ferrodist")
 
     dist.init_process_group("ferrodist")      # under torchrun, ferrodist run, or with env://
     x = torch.ones(4) * (dist.get_rank() + 1)
@@ -13,12 +14,41 @@ torch's own ``DistributedDataParallel``, ``torch.distributed.pipelining`` and ev
 collective of ``torch.distributed`` then run over ferrodist's transports (``shm`` on one
 host, ``tcp`` across hosts; ``FERRODIST_TORCH_TRANSPORT`` chooses), with ferrodist's
 deadlines and error messages. See docs/torch.md.
+
+Registering is light (it imports ``torch.distributed`` only); the classes below, and with
+them ferrodist's collectives and transports, are imported on first use.
 """
 
-from ._group import BACKEND_NAME, FerrodistProcessGroup
-from ._register import TRANSPORTS, choose_transport, register
-from ._work import FerrodistWork
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._plugin import BACKEND_NAME, register
+
+if TYPE_CHECKING:
+    from ._group import FerrodistProcessGroup
+    from ._register import TRANSPORTS, choose_transport
+    from ._work import FerrodistWork
 
 register()
+
+#: Where each of the other public names lives.
+_LAZY = {
+    "FerrodistProcessGroup": "._group",
+    "FerrodistWork": "._work",
+    "TRANSPORTS": "._register",
+    "choose_transport": "._register",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["BACKEND_NAME", "FerrodistProcessGroup", "FerrodistWork", "TRANSPORTS", "choose_transport", "register"]

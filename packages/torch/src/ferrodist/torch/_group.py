@@ -24,11 +24,10 @@ from ferrodist.collectives import ProcessGroup, destroy_process_group
 from ferrodist.core import InvalidArgument, ReduceOp
 
 from . import _forms as forms
+from ._plugin import BACKEND_NAME
+from ._sparse import sparse_all_reduce
 from ._tensors import REDUCE_OPS, Staging, single
 from ._work import Completer, FerrodistWork, seconds
-
-#: The name torch knows the backend by: ``init_process_group("ferrodist")``.
-BACKEND_NAME = "ferrodist"
 
 
 class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
@@ -123,6 +122,9 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         tensor = self._one(tensors, "allreduce")
         op = self._op(opts, "allreduce")
         g = self.ferrodist_group
+        if isinstance(tensor, torch.Tensor) and tensor.layout != torch.strided:
+            # sparse COO with SUM (three blocking calls: done when this returns), or refused
+            return self._run("allreduce", opts, lambda s, a, t: sparse_all_reduce(g, tensor, op.name, t), tensors)
         return self._run(
             "allreduce",
             opts,
@@ -249,14 +251,22 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
     ) -> FerrodistWork:
+        """``all_gather_coalesced`` in torch's layout: ``output_lists[r][i]`` receives group
+        rank r's ``input_tensors[i]`` (one list per rank, one tensor per input)."""
         opts = c10d.AllgatherOptions() if opts is None else opts
         g = self.ferrodist_group
-        _same_count(output_lists, input_tensors, g.rank, "allgather_coalesced")
+        _rank_major(output_lists, input_tensors, g.rank, g.size, "allgather_coalesced")
 
         def call(s: Staging, a: bool, t: float | None) -> Any:
             pairs = [
-                (s.args(outs, output=True, what="output_lists"), s.arg(x, output=False))
-                for outs, x in zip(output_lists, input_tensors, strict=True)
+                (
+                    [
+                        s.arg(outs[i], output=True, what=f"output_tensor_lists[{r}][{i}]")
+                        for r, outs in enumerate(output_lists)
+                    ],
+                    s.arg(x, output=False, what=f"input_tensor_list[{i}]"),
+                )
+                for i, x in enumerate(input_tensors)
             ]
             works = [g.all_gather(outs, x, async_op=a, timeout=t) for outs, x in pairs]
             return _Last(works) if a else None
@@ -406,6 +416,25 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             f"recv from group rank {src} (tag {tag})", inner, tensors, finish=staging.finish, source=lambda: int(src)
         )
 
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> FerrodistWork:
+        """``recv``/``irecv`` without ``src``: in a group of two ranks, from the other one
+        (``work._source_rank()`` says which). A larger group raises ``InvalidArgument`` and
+        takes no message: ferrodist's transports match a message by its sender and tag, so
+        waiting for whichever rank sends first could take a message that a later receive is
+        waiting for; pass ``src=`` there."""
+        tensor = self._one(tensors, "recv_anysource")
+        g = self.ferrodist_group
+        peer = g.sole_peer("recv_anysource")
+        staging = Staging(g.rank, "recv_anysource")
+        inner = g.irecv(staging.arg(tensor, output=True), peer, int(tag))
+        return FerrodistWork(
+            f"recv from any source (group rank {peer}, tag {tag})",
+            inner,
+            tensors,
+            finish=staging.finish,
+            source=lambda: peer,
+        )
+
     # -- lifetime ---------------------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Finish queued work (a few seconds at most) and close the transport (peers still
@@ -446,3 +475,26 @@ def _same_count(outputs: Sequence[Any], inputs: Sequence[Any], rank: int, operat
             rank=rank,
             operation=operation,
         )
+
+
+def _rank_major(outputs: Sequence[Any], inputs: Sequence[Any], rank: int, size: int, operation: str) -> None:
+    """torch's ``output_tensor_lists[r][i]`` layout: one list per group rank, each with one
+    tensor per input."""
+    layout = "output_tensor_lists[r][i] receives rank r's input_tensor_list[i]"
+    if not isinstance(outputs, Sequence) or len(outputs) != size:
+        lists = f"{len(outputs)} lists" if isinstance(outputs, Sequence) else f"a {type(outputs).__name__}"
+        raise InvalidArgument(
+            f"rank {rank}: {operation}: output_tensor_lists has {lists} but the group has {size} ranks; "
+            f"pass one list per rank ({layout})",
+            rank=rank,
+            operation=operation,
+        )
+    for r, outs in enumerate(outputs):
+        if not isinstance(outs, Sequence) or len(outs) != len(inputs):
+            tensors = f"{len(outs)} tensors" if isinstance(outs, Sequence) else f"a {type(outs).__name__}"
+            raise InvalidArgument(
+                f"rank {rank}: {operation}: output_tensor_lists[{r}] has {tensors} for {len(inputs)} inputs; "
+                f"each rank's list needs one tensor per input ({layout})",
+                rank=rank,
+                operation=operation,
+            )

@@ -1,4 +1,4 @@
-"""Registering the backend with torch, and making a group when torch asks for one.
+"""Making a group when torch asks for one (``_plugin`` registers the backend).
 
 torch calls ``create`` for every process group with backend ``"ferrodist"`` (the default
 group, ``new_group``, a ``DeviceMesh``'s dimensions), on the members only, with a store
@@ -8,7 +8,9 @@ picks and publishes it there, so nothing else has to be agreed on.
 
 Which transport (``FERRODIST_TORCH_TRANSPORT``): ``shm`` when the launcher says every rank
 runs on this host (torchrun's and ``ferrodist run``'s ``LOCAL_WORLD_SIZE``), else ``tcp``
-(``auto``, the default); or ``shm``, ``tcp``, ``mpi`` (the world group under mpiexec).
+(``auto``, the default; also ``tcp`` when the launcher's variables are there only in part,
+as where ranks are started by hand with ``rank=`` and ``world_size=``); or ``shm``, ``tcp``,
+``mpi`` (the world group under mpiexec).
 """
 
 from __future__ import annotations
@@ -18,25 +20,15 @@ import os
 from datetime import timedelta
 from typing import Any
 
-import torch.distributed as dist
-
 from ferrodist.collectives import ProcessGroup
 from ferrodist.core import BackendUnavailable, InvalidArgument
 from ferrodist.transport import MpiTransport, ShmTransport, TcpTransport, Transport, launch_info
 
-from ._group import BACKEND_NAME, FerrodistProcessGroup
+from ._group import FerrodistProcessGroup
 
 #: The transports a torch group can run over (``FERRODIST_TORCH_TRANSPORT``).
 TRANSPORTS = ("auto", "shm", "tcp", "mpi")
 _log = logging.getLogger("ferrodist.torch")
-
-
-def register() -> None:
-    """Make ``"ferrodist"`` a backend of ``torch.distributed`` for CPU and CUDA tensors
-    (``import ferrodist.torch`` does this; calling it again changes nothing)."""
-    if BACKEND_NAME in dist.Backend.backend_list:
-        return
-    dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu", "cuda"])
 
 
 def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
@@ -78,7 +70,13 @@ def choose_transport(size: int, name: str = "0") -> str:
         return chosen
     if size == 1:
         return "tcp"  # nothing to share memory with
-    info = launch_info()
+    try:
+        info = launch_info()
+    except InvalidArgument as exc:
+        # torch has placed the ranks already (init_method, rank=, world_size=): launcher variables
+        # that do not add up only leave unknown whether every rank runs on this host
+        _log.info("group %s: tcp, since the launcher's variables do not say where the ranks run (%s)", name, exc)
+        return "tcp"
     return "shm" if info is not None and info.single_host else "tcp"
 
 

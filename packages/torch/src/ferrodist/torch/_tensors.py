@@ -45,6 +45,8 @@ class Staging:
                 rank=self.rank,
                 operation=self.operation,
             )
+        if tensor.layout != torch.strided:
+            raise dense_only(tensor, self.rank, self.operation, what)
         if tensor.device.type not in ("cpu", "cuda"):
             raise InvalidArgument(
                 f"rank {self.rank}: {self.operation}: {what} is on {tensor.device}; the ferrodist backend runs "
@@ -116,6 +118,21 @@ class Staging:
             tensor.copy_(staged)
         if self.cuda:
             torch.cuda.synchronize()
+
+
+def dense_only(tensor: torch.Tensor, rank: int, operation: str, what: str) -> InvalidArgument:
+    """The error for a tensor that is not strided (dense) where only dense tensors go."""
+    hint = (
+        "all_reduce with SUM takes sparse COO tensors; elsewhere use .to_dense()"
+        if tensor.layout == torch.sparse_coo
+        else "convert it with .to_dense() (or .to_sparse_coo() for all_reduce with SUM)"
+    )
+    return InvalidArgument(
+        f"rank {rank}: {operation}: {what} has layout {tensor.layout}; the ferrodist backend moves strided "
+        f"(dense) tensors: {hint}",
+        rank=rank,
+        operation=operation,
+    )
 
 
 def single(tensors: Sequence[Any], rank: int, operation: str, what: str = "tensors") -> Any:
