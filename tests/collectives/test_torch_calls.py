@@ -1,5 +1,5 @@
-"""torch.distributed's calls that ferrodist.collectives adds (issue 15, item 2), on the
-simulated backend, against the naive references of ferrodist.testing.
+"""torch.distributed's calls that ferrodist.collectives adds, on the simulated backend,
+against the naive references of ferrodist.testing.
 
 Example counts (CI profile, derandomized; FERRODIST_HYPOTHESIS_PROFILE=dev runs 5x, random):
 - object collectives (broadcast_object_list, all_gather_object, gather_object,
@@ -10,7 +10,10 @@ Example counts (CI profile, derandomized; FERRODIST_HYPOTHESIS_PROFILE=dev runs 
 - all_to_all_single: 40 examples of split matrices (zeros included) or equal splits,
   rows of 0..3 dimensions, 1..6 ranks;
 - batch_isend_irecv: 30 examples of message sets, shuffled per rank;
-- recv without src: 10 examples; monitored_barrier: 10 examples (with subgroups).
+- recv without src: 10 examples; monitored_barrier: 10 examples (with subgroups);
+- rank translation: 15 examples of subgroups; all_gather_single / reduce_scatter_single:
+  10 examples; new_subgroups: 10 examples of world and block sizes;
+  send_object_list / recv_object_list: 15 examples of object lists between 2 of 2..5 ranks.
 async_op is drawn where the call has it. Every rank's result must equal the reference
 exactly (reductions: within ferrodist.testing's stated bound) and be the same bits on
 every rank. At the end, every call once more between real processes
@@ -43,6 +46,7 @@ from ferrodist.core import (
     FerrodistError,
     GroupAborted,
     InvalidArgument,
+    InvalidRank,
     ProtocolError,
     ReduceOp,
 )
@@ -804,3 +808,212 @@ def test_every_call_under_mpiexec():
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(2):
         assert f"rank {rank} of 2: 16 checks of torch's calls passed over mpi" in done.stdout
+
+
+# -- rank translation: get_group_rank, get_global_rank, get_process_group_ranks -----------------------
+@settings(max_examples=examples(15))
+@given(size=SIZES, data=st.data())
+def test_rank_translation_against_the_members_list(size, data):
+    members = data.draw(subgroups(size))
+
+    def rank_main():
+        sub = dist.new_group(list(reversed(members)))  # any order: a group's ranks are sorted
+        world = dist.group.WORLD
+        me = dist.get_rank()
+        got = {
+            "ranks": dist.get_process_group_ranks(sub),
+            "world": dist.get_process_group_ranks(),
+            "group_ranks": [dist.get_group_rank(sub, r) for r in members],
+            "global_ranks": [dist.get_global_rank(sub, i) for i in range(len(members))],
+            "identity": [dist.get_group_rank(world, me), dist.get_global_rank(None, me)],
+        }
+        outsider = next((r for r in range(size) if r not in members), None)
+        if outsider is not None:
+            with pytest.raises(InvalidRank, match=rf"global rank {outsider} is not in group"):
+                dist.get_group_rank(sub, outsider)
+        with pytest.raises(InvalidRank, match=rf"get_global_rank: group rank {len(members)} is not in group"):
+            dist.get_global_rank(sub, len(members))
+        return got
+
+    reference = sorted(members)
+    for me, got in enumerate(run_world(size, rank_main)):
+        assert got == {
+            "ranks": reference,
+            "world": list(range(size)),
+            "group_ranks": [reference.index(r) for r in members],
+            "global_ranks": reference,
+            "identity": [me, me],
+        }
+
+
+# -- all_gather_single, reduce_scatter_single: torch's newer names ---------------------------------------
+@settings(max_examples=examples(10))
+@given(data=st.data(), size=SIZES, stacked=st.booleans(), async_op=st.booleans())
+def test_all_gather_single_and_reduce_scatter_single_are_the_tensor_calls(data, size, stacked, async_op):
+    dt = data.draw(st.sampled_from(ALL_DTYPES))
+    block = data.draw(st.sampled_from([(3,), (2, 2)]))
+    whole = (size, *block) if stacked else (size * block[0], *block[1:])
+    parts = data.draw(world_inputs(size, dt, block))
+    wholes = data.draw(world_inputs(size, dt, whole, low=-2.0, high=2.0))
+    gathered = ref_all_gather_into_tensor(parts, stacked=stacked)
+    scattered = ref_reduce_scatter_tensor(wholes, ReduceOp.SUM, stacked=stacked)
+
+    def rank_main():
+        me = dist.get_rank()
+        out = np.zeros_like(gathered[0])
+        finish(dist.all_gather_single(out, parts[me], None, async_op))
+        mine = np.zeros(block, dt.numpy)
+        finish(dist.reduce_scatter_single(mine, wholes[me], ReduceOp.SUM, None, async_op))
+        return out, mine
+
+    results = run_world(size, rank_main)
+    for r, (out, mine) in enumerate(results):
+        np.testing.assert_array_equal(out, gathered[r])
+        blocks = [w[r] if stacked else w[r * block[0] : (r + 1) * block[0]] for w in wholes]
+        assert_reduced(mine, blocks, ReduceOp.SUM, what=f"rank {r}")
+        assert mine.shape == scattered[r].shape
+    assert_same_bits([out for out, _ in results])
+
+
+# -- new_subgroups ----------------------------------------------------------------------------------
+@settings(max_examples=examples(10))
+@given(size=st.sampled_from([1, 2, 4, 6]), data=st.data())
+def test_new_subgroups_cuts_the_group_into_consecutive_blocks(size, data):
+    group_size = data.draw(st.sampled_from([d for d in range(1, size + 1) if size % d == 0]))
+
+    def rank_main():
+        mine, every = dist.new_subgroups(group_size)
+        x = np.array([dist.get_rank() + 1.0])
+        dist.all_reduce(x, group=mine)
+        return mine.ranks, [g.ranks for g in every], x[0]
+
+    blocks = [tuple(range(start, start + group_size)) for start in range(0, size, group_size)]
+    for me, (mine, every, total) in enumerate(run_world(size, rank_main)):
+        assert every == blocks
+        assert me in mine and mine in blocks
+        assert total == sum(r + 1 for r in mine)
+
+
+def test_new_subgroups_of_a_subgroup_and_its_outsiders():
+    """Every rank of the world makes every subgroup (as for new_group): one outside the
+    group it cuts raises InvalidRank afterwards, and the groups made later still agree."""
+
+    def rank_main():
+        me = dist.get_rank()
+        parent = dist.new_group([1, 2, 3, 4])
+        if me in (1, 2, 3, 4):
+            mine, every = dist.new_subgroups(2, parent, timeout=datetime.timedelta(seconds=9))
+            assert mine.timeout == 9.0
+            found = (mine.ranks, [g.ranks for g in every])
+        else:
+            with pytest.raises(InvalidRank, match=r"rank 0: new_subgroups: this rank is not in group"):
+                dist.new_subgroups(2, parent)
+            found = None
+        later = dist.new_group([0, 4])
+        x = np.ones(1)
+        if me in (0, 4):
+            dist.all_reduce(x, group=later)
+        return found, x[0]
+
+    results = run_world(5, rank_main)
+    assert results[0] == (None, 2.0) and results[4][1] == 2.0
+    assert results[1][0] == results[2][0] == ((1, 2), [(1, 2), (3, 4)])
+    assert results[3][0] == ((3, 4), [(1, 2), (3, 4)])
+
+
+def test_new_subgroups_refuses_sizes_that_do_not_split_the_group_before_making_any():
+    def rank_main():
+        with pytest.raises(
+            InvalidArgument, match=r"has 3 ranks, which do not split into groups of 2; pass a group_size"
+        ):
+            dist.new_subgroups(2)
+        with pytest.raises(InvalidArgument, match=r"group_size must be a positive integer, not 0"):
+            dist.new_subgroups(0)
+        with pytest.raises(
+            InvalidArgument, match=r"pass group_size .* no launcher said how many ranks run on this host"
+        ):
+            dist.new_subgroups()
+        mine, _ = dist.new_subgroups(3)  # nothing was made before: the group ids still agree
+        x = np.ones(1)
+        dist.all_reduce(x, group=mine)
+        return x[0]
+
+    assert run_world(3, rank_main) == [3.0, 3.0, 3.0]
+
+
+def test_new_subgroups_without_a_size_takes_the_ranks_of_each_host(monkeypatch):
+    for name, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+
+    def rank_main():
+        mine, every = dist.new_subgroups()
+        return mine.ranks, len(every)
+
+    assert run_world(4, rank_main) == [((0, 1), 2), ((0, 1), 2), ((2, 3), 2), ((2, 3), 2)]
+
+
+# -- send_object_list, recv_object_list --------------------------------------------------------------
+@settings(max_examples=examples(15))
+@given(data=st.data(), size=st.integers(2, 5))
+def test_send_and_recv_object_list_against_the_objects(data, size):
+    sender, receiver = data.draw(st.lists(st.integers(0, size - 1), min_size=2, max_size=2, unique=True))
+    objects = data.draw(st.lists(picklable_objects(), max_size=4))
+
+    def rank_main():
+        me = dist.get_rank()
+        if me == sender:
+            dist.send_object_list(objects, dst=receiver)
+        elif me == receiver:
+            out = ["before"] * len(objects)
+            return dist.recv_object_list(out, src=sender), out
+        return None
+
+    assert run_world(size, rank_main)[receiver] == (sender, objects)
+
+
+def test_recv_object_list_from_any_source_in_a_group_of_two_and_by_group_rank():
+    def rank_main():
+        me = dist.get_rank()
+        pair = dist.new_group([1, 3])
+        if me == 3:
+            dist.send_object_list([{"from": me}, (me,)], group=pair, group_dst=0)
+            dist.send_object_list(["again"], dst=1, group=pair, device="cpu", use_batch=True)
+        elif me == 1:
+            first, second = [None, None], [None]
+            return dist.recv_object_list(first, group=pair), first, dist.recv_object_list(second, 3, pair), second
+        return None
+
+    assert run_world(4, rank_main)[1] == (3, [{"from": 3}, (3,)], 3, ["again"])
+
+
+def test_object_lists_that_fail_raise_at_both_ends_and_leave_no_message_behind():
+    def rank_main():
+        me = dist.get_rank()
+        if me == 0:
+            with pytest.raises(InvalidArgument, match=r"rank 0: send_object_list: object_list\[1\] cannot be pickled"):
+                dist.send_object_list([1, Unpicklable()], dst=1)
+            dist.send_object_list([1, 2, 3], dst=1)  # one entry too many for the receiver
+            dist.send_object_list([LoadsNowhere()], dst=1)
+            dist.send_object_list(["fine"], dst=1)
+            return None
+        errors = []
+        for expected, count in (
+            (InvalidArgument, 2),
+            (InvalidArgument, 2),
+            (ProtocolError, 1),
+        ):
+            out = ["kept"] * count
+            with pytest.raises(expected) as info:
+                dist.recv_object_list(out, src=0)
+            assert out == ["kept"] * count
+            errors.append(str(info.value))
+        out = [None]
+        dist.recv_object_list(out, src=0)  # every message of the refused calls was taken
+        return errors, out
+
+    errors, out = run_world(2, rank_main)[1]
+    assert out == ["fine"]
+    assert "rank 1: recv_object_list: object_list[1] on rank 0 cannot be pickled" in errors[0]
+    assert "rank 0 sent 3 objects but object_list has 2 entries" in errors[1]
+    assert "object 0 from rank 0 cannot be unpickled here" in errors[2] and "only_on_rank_1" in errors[2]

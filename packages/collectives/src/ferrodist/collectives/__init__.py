@@ -40,6 +40,16 @@ from ._state import (
     is_initialized,
     new_group,
 )
+from ._torchnames import (
+    all_gather_single,
+    get_global_rank,
+    get_group_rank,
+    get_process_group_ranks,
+    new_subgroups,
+    recv_object_list,
+    reduce_scatter_single,
+    send_object_list,
+)
 from ._work import Work
 
 __all__ = [
@@ -52,6 +62,7 @@ __all__ = [
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_object",
+    "all_gather_single",
     "all_reduce",
     "all_to_all",
     "all_to_all_single",
@@ -64,6 +75,9 @@ __all__ = [
     "gather",
     "gather_object",
     "get_backend",
+    "get_global_rank",
+    "get_group_rank",
+    "get_process_group_ranks",
     "get_rank",
     "get_world_size",
     "group",
@@ -74,11 +88,15 @@ __all__ = [
     "isend",
     "monitored_barrier",
     "new_group",
+    "new_subgroups",
     "recv",
+    "recv_object_list",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_single",
     "reduce_scatter_tensor",
     "scatter",
     "scatter_object_list",
     "send",
+    "send_object_list",
 ]
