@@ -66,6 +66,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "on_device_of",
         "simulated",
     },
+    "ferrodist.collectives.tracing": {"ENV", "close_all", "enabled", "now", "span"},
     "ferrodist.core.kernels": {
         "AVG",
         "BAND",
