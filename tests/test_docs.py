@@ -41,28 +41,7 @@ PARALLEL = 2
 
 #: Blocks that do not run as written yet: (page, a line of the block, why). Fix the block,
 #: then remove its entry here.
-KNOWN_FAILURES: list[tuple[str, str, str]] = [
-    (
-        "docs/collectives.md",
-        "work = dist.all_reduce(grad, async_op=True)",
-        "docs/collectives.md: a fragment (dist, grad undefined; '...' stands for other work)",
-    ),
-    (
-        "docs/collectives.md",
-        "all_gather_object(out, {",
-        "docs/collectives.md: a fragment (get_world_size, all_gather_object not imported, no process group)",
-    ),
-    (
-        "docs/collectives.md",
-        "all_to_all_single(out, x, outs, ins)",
-        "docs/collectives.md: a fragment (np, get_rank, all_to_all_single not imported, no process group)",
-    ),
-    (
-        "docs/torch.md",
-        "DistributedDataParallel(my_model)",
-        "docs/torch.md: my_model is undefined",
-    ),
-]
+KNOWN_FAILURES: list[tuple[str, str, str]] = []
 
 MARKER = re.compile(r"<!--\s*doc-test:\s*(.*?)\s*-->")
 RUN_N = re.compile(r"ferrodist run -n (\d+)")
