@@ -127,3 +127,21 @@ def test_an_error_from_other_code_inside_a_call_fails_the_call_on_every_rank(mon
     assert all(not isinstance(e, CollectiveTimeout) for e in errors), errors
     assert all("RuntimeError: cuCtxGetCurrent: CUDA_ERROR_NOT_INITIALIZED" in str(e) for e in errors), errors
     assert isinstance(errors[1].__cause__, RuntimeError)  # the original stays reachable on its own rank
+
+
+def test_a_group_aborted_before_a_ranks_first_call_says_so():
+    """A peer's failure reaching a rank that has made no call on the group yet is worded
+    as such (it once read "after its call #-1")."""
+
+    def rank_main():
+        if dist.get_rank() == 0:
+            with pytest.raises(CollectiveTimeout):
+                dist.all_reduce(np.ones(2), timeout=0.5)  # rank 1 is not there yet
+            return ""
+        time.sleep(1.5)
+        with pytest.raises(GroupAborted) as caught:
+            dist.all_reduce(np.ones(2))
+        return str(caught.value)
+
+    message = run_world(2, rank_main)[1]
+    assert "#-1" not in message and "before its first call" in message, message

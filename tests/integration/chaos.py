@@ -16,6 +16,10 @@ the invariant, checked on every rank:
 - every call returns what numpy computes, or raises a ``FerrodistError`` within its
   deadline plus ``SLACK`` (for a call that waited behind others in flight: their
   deadlines too);
+- a failure reaches every member of the group no later than its next call there: once a
+  call of a group raised on some rank, every member that returned that very call (with
+  the right result) raises at its next call on the group, and a rank that raised on a
+  group raises on every later call there (the group stays aborted);
 - with no fault, or one that stays under the deadline, every call returns;
 - after a kill, a long stop or an exception, the first error of every other rank that
   saw one names the faulty rank;
@@ -178,6 +182,7 @@ def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
     victim = None if harmless else fault["rank"]
     violations = []
     ranks = range(schedule["ranks"])
+    logs: dict[int, list[dict[str, Any]]] = {}
     if fault["kind"] == "duplicate":
         # The extra process must be refused, with the reason; the job either stops the
         # same way on every rank, or (the duplicate came after it had started) runs on.
@@ -187,6 +192,7 @@ def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
         log = outdir / f"rank{rank}.jsonl"
         entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
         entries.sort(key=lambda entry: entry["i"])  # in call order (async calls are logged as they end)
+        logs[rank] = entries
         # Every call must be accounted for, but the killed rank's, and the others' when the
         # launcher stops the job after a rank died (as it should).
         ended = fault["kind"] in ("kill", "raise")
@@ -217,4 +223,39 @@ def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
                     f"seed {seed}: rank {rank}'s first error does not name rank {victim} ({fault['kind']}): "
                     f"{first_error['message']}"
                 )
+    return violations + check_failures_reach_every_rank(schedule, logs)
+
+
+def check_failures_reach_every_rank(schedule: dict[str, Any], logs: dict[int, list[dict[str, Any]]]) -> list[str]:
+    """The semantics ferrodist states (docs/failures.md): no rank returns a wrong value (checked
+    above); a failure reaches every member as an exception no later than its next call on the
+    group; and a group that failed on a rank stays failed there."""
+    seed, violations = schedule["seed"], []
+    names = {call["group"] for call in schedule["calls"]}
+    for name in sorted(names):
+        members = schedule["groups"].get(name, list(range(schedule["ranks"])))
+        on_group = {r: [e for e in logs.get(r, []) if e["group"] == name] for r in members}
+        failed = [e["i"] for entries in on_group.values() for e in entries if e["outcome"] == "error"]
+        if not failed:
+            continue
+        first = min(failed)
+        for rank, entries in on_group.items():
+            later = [e for e in entries if e["i"] > first]
+            at = next((e for e in entries if e["i"] == first), None)
+            if at is None:
+                continue  # this rank never finished the call (it is the one that died, or it was stopped)
+            if at["outcome"] == "ok" and later and later[0]["outcome"] != "error":
+                violations.append(
+                    f"seed {seed}: group {name} failed at call {first} on another rank, but rank {rank} returned "
+                    f"that call and then call {later[0]['i']} too (it must raise no later than its next call)"
+                )
+            seen_error = at["outcome"] == "error"
+            for entry in later:
+                if seen_error and entry["outcome"] != "error":
+                    violations.append(
+                        f"seed {seed}: rank {rank} returned call {entry['i']} on group {name} after the group "
+                        "failed there (it must stay aborted)"
+                    )
+                    break
+                seen_error = seen_error or entry["outcome"] == "error"
     return violations
