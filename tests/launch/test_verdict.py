@@ -161,3 +161,20 @@ def test_several_ranks_can_be_to_blame():
         "ferrodist run: ranks [1, 2] were lost: ranks [0] lost their connection to them (rank 1 exited with "
         "code 0; rank 2 was still running when the launcher stopped it); stopped by the launcher: ranks [2]"
     )
+
+
+def test_a_rank_with_its_own_error_stopped_on_its_way_out_is_the_cause():
+    """A pipeline rank whose stage raised wrote its own error, then was still in its cleanup
+    when the launcher stopped it: it is the cause, not a rank that "was still running"."""
+    ends = [
+        RankEnd(0, 1, 0, error=RankError("FerrodistError", (2,), "rank 0: irecv ...: rank 2: ValueError: boom")),
+        RankEnd(1, -15, 2, stopped=15, error=RankError("FerrodistError", (2,), "rank 1: ...")),
+        RankEnd(2, -15, 3, stopped=15, error=RankError("FerrodistError", (), "rank 2: ValueError: boom")),
+        RankEnd(3, -15, 1, stopped=15),
+    ]
+    verdict = diagnose(ends)
+    assert verdict.culprits == (2,)
+    assert verdict.summary.startswith(
+        "ferrodist run: rank 2 failed with FerrodistError: ValueError: boom (the launcher stopped it on its way out)"
+    ), verdict.summary
+    assert "still running" not in verdict.summary

@@ -9,7 +9,8 @@ signal it sent the rank while it still ran, what the rank wrote to its error fil
 
 1. a rank killed by a signal the launcher did not send (the first one seen);
 2. else the first rank that failed with its own error: an exit code with no error file,
-   or an error file that blames no other rank;
+   or an error file that blames no other rank (also when the rank was still on its way
+   out, say in its cleanup, when the launcher stopped it);
 3. else the ranks the reporters blame (the ranks a timeout waited for, the peer that was
    lost) that are not reporters themselves: ranks that froze, never arrived, or left;
 4. else the first rank that failed.
@@ -22,6 +23,7 @@ rank's first error (see ``collectives/_record.py``): one JSON object such as
 from __future__ import annotations
 
 import json
+import re
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,12 +131,21 @@ def diagnose(ends: Sequence[RankEnd], *, interrupted: int | None = None) -> Verd
         return Verdict(0, (), "")
     reporters = {e.rank for e in ends if e.blames}
     killed = [e for e in failed if e.code < 0]
-    own = [e for e in failed if e.rank not in reporters]
+    # A rank that wrote an error of its own failed by itself, even if the launcher stopped
+    # it before it was out (a rank still in its cleanup, or its threads' shutdown).
+    erred = sorted(
+        (e for e in ends if e.error is not None and not e.blames and e.stopped is not None), key=lambda e: e.seen
+    )
+    own = [e for e in failed if e.rank not in reporters] + erred
     if killed or own:
         cause = (killed or own)[0]
-        what = f"rank {cause.rank} {describe(cause.code)}"
-        if cause.error is not None:
-            what += f" ({cause.error.name})"
+        if cause.failed_itself:
+            what = f"rank {cause.rank} {describe(cause.code)}"
+            if cause.error is not None:
+                what += f" ({cause.error.name})"
+        else:
+            assert cause.error is not None  # erred
+            what = f"rank {cause.rank} failed with {_said(cause.error)} (the launcher stopped it on its way out)"
         culprits: tuple[int, ...] = (cause.rank,)
     else:
         culprits, what = _blamed(ends, reporters, by_rank)
@@ -181,6 +192,13 @@ def _blamed(ends: Sequence[RankEnd], reporters: set[int], by_rank: dict[int, Ran
             fates.append(f"rank {rank} {describe(end.code)}")
     phrase = f"{who} {what}: ranks {[e.rank for e in accusers]} {how} {them} ({'; '.join(fates)})"
     return tuple(blamed), phrase
+
+
+def _said(error: RankError) -> str:
+    """An error file's error in a few words: its class, and its message without the prefixes."""
+    text = re.sub(r"^(rank \d+: )+", "", error.message)
+    text = text if len(text) <= 120 else text[:117] + "..."
+    return f"{error.name}: {text}" if text else error.name
 
 
 def _forced(ends: Sequence[RankEnd]) -> str:
