@@ -145,3 +145,20 @@ def test_a_group_aborted_before_a_ranks_first_call_says_so():
 
     message = run_world(2, rank_main)[1]
     assert "#-1" not in message and "before its first call" in message, message
+
+
+def test_a_timeout_names_the_missing_rank_before_the_healthy_peer_it_waited_on():
+    """Rank 1 waits on rank 0, which is healthy and waiting itself; rank 3 never came. The
+    message leads with rank 3 (what the census found), then says what rank 1 waited for."""
+
+    def rank_main():
+        if dist.get_rank() == 3:
+            time.sleep(2.5)
+            return ""
+        with pytest.raises(CollectiveTimeout) as caught:
+            dist.all_reduce(np.ones(300_000), timeout=1.0, algorithm="ring")
+        return str(caught.value)
+
+    message = run_world(4, rank_main, timeout=5)[1]
+    found, waited = message.find("rank 3 never reached call #0"), message.find("waited")
+    assert 0 <= found < waited, message

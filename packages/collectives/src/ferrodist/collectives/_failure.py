@@ -87,14 +87,21 @@ def abort(
     members: Sequence[int],
     seq: int,
     error: FerrodistError,
+    context: str = "",
 ) -> FerrodistError:
     """Abort the group's channel with ``error`` and, for a timeout, run the census; returns
-    the error to raise (a timeout's message then names the silent members)."""
+    the error to raise. A timeout's message then says first what the census found (the
+    silent members, those behind), after ``context`` (the message's own prefix), and then
+    what this rank was waiting for: the peer it waited on may be healthy and waiting itself."""
     me = transport.rank
     transport.abort(channel, error, peers=[rank for rank in members if rank != me], seq=seq)
     if isinstance(error, CollectiveTimeout):
         clause, blamed = census(transport, channel, me, members, seq)
-        error.args = (f"{error.message}; {clause}",)
+        message, lead = error.message, f"{context}: "
+        if context and message.startswith(lead):
+            error.args = (f"{lead}{clause}; {message[len(lead) :]}",)
+        else:
+            error.args = (f"{message}; {clause}",)
         if blamed:
             error.waiting_for = tuple(blamed)
     return error

@@ -257,7 +257,7 @@ class Runner:
         me = self.transport.rank
         context = f"rank {me}: {operation} #{seq} on group {self.name} (group rank {self.rank} of {len(self.ranks)})"
         error = _failure.abort(
-            self.transport, self.group_id, self.ranks, seq, _failure.framed(exc, context, me, operation)
+            self.transport, self.group_id, self.ranks, seq, _failure.framed(exc, context, me, operation), context
         )
         # Blocked after the census (no later call of the group runs before this one is done),
         # so that ``GroupAborted`` names the culprits the census found.
