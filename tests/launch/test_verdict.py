@@ -178,3 +178,14 @@ def test_a_rank_with_its_own_error_stopped_on_its_way_out_is_the_cause():
         "ferrodist run: rank 2 failed with FerrodistError: ValueError: boom (the launcher stopped it on its way out)"
     ), verdict.summary
     assert "still running" not in verdict.summary
+
+
+def test_a_rank_stopped_while_waiting_is_never_blamed_for_its_own_timeout():
+    """A timeout is about the ranks waited for, even when the record names none."""
+    ends = [
+        RankEnd(0, 1, 0, error=RankError("CollectiveTimeout", (3,), "rank 0: ... rank 3 ...")),
+        RankEnd(1, -15, 1, stopped=15, error=RankError("CollectiveTimeout", (), "rank 1: waiting")),
+        RankEnd(3, -15, 2, stopped=15),
+    ]
+    verdict = diagnose(ends)
+    assert verdict.culprits == (3,), verdict.summary

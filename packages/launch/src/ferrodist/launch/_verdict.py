@@ -134,7 +134,12 @@ def diagnose(ends: Sequence[RankEnd], *, interrupted: int | None = None) -> Verd
     # A rank that wrote an error of its own failed by itself, even if the launcher stopped
     # it before it was out (a rank still in its cleanup, or its threads' shutdown).
     erred = sorted(
-        (e for e in ends if e.error is not None and not e.blames and e.stopped is not None), key=lambda e: e.seen
+        (
+            e
+            for e in ends
+            if e.error is not None and not e.blames and e.stopped is not None and e.error.name not in _WAITS
+        ),
+        key=lambda e: e.seen,
     )
     own = [e for e in failed if e.rank not in reporters] + erred
     if killed or own:
@@ -192,6 +197,10 @@ def _blamed(ends: Sequence[RankEnd], reporters: set[int], by_rank: dict[int, Ran
             fates.append(f"rank {rank} {describe(end.code)}")
     phrase = f"{who} {what}: ranks {[e.rank for e in accusers]} {how} {them} ({'; '.join(fates)})"
     return tuple(blamed), phrase
+
+
+#: Errors that say a rank waited for others: never a rank's own failure, blames or not.
+_WAITS = frozenset({"CollectiveTimeout", "PeerLost", "GroupAborted"})
 
 
 def _said(error: RankError) -> str:
