@@ -31,9 +31,9 @@ def framed(exc: FerrodistError, context: str, rank: int, operation: str) -> Ferr
     """``exc`` with the call's context; for a mismatch, what each rank called; for an error
     from a peer's notice, which rank aborted the group."""
     error = exc.with_context(context, rank=rank, operation=operation)
-    origin = getattr(exc, "aborted_by", None)
+    origin = exc.aborted_by
     if origin is not None:
-        error.args = (f"{context}: rank {origin} aborted the group after a failure there: {exc.notice}",)  # type: ignore[attr-defined]
+        error.args = (f"{context}: rank {origin} aborted the group after a failure there: {exc.notice}",)
     elif isinstance(exc, CollectiveMismatch) and exc.received:
         error.args = (
             f"{context}: rank {exc.peer} is in {describe(exc.received)} while this rank is in "

@@ -39,7 +39,7 @@ def record_failure(error: FerrodistError) -> None:
         blames = error.waiting_for
     else:
         blames = ()
-    origin = getattr(error, "aborted_by", None)
+    origin = error.aborted_by
     if not blames and origin is not None:  # it came in another rank's abort notice
         blames = (origin,)
     record = {

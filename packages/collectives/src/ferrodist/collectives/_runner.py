@@ -290,7 +290,7 @@ class Runner:
         cause = _failure.framed(error, context, me, error.operation or "collective")
         order.block(_failure.blocked(cause, self.name, seq))
         notice = copy.copy(cause)
-        notice.between = True  # type: ignore[attr-defined]  # tells the census: idle here, not stuck in a call
+        notice.between = True  # tells the census: idle here, not stuck in a call
         self.transport.abort(self.group_id, notice, peers=[r for r in self.ranks if r != me], seq=at)
 
     def _get_worker(self) -> Worker:

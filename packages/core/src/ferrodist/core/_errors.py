@@ -33,7 +33,17 @@ class FerrodistError(Exception):
     Attributes:
         rank: the rank that raised it, when known.
         operation: the operation that failed (``"all_reduce"``, ``"recv"``, ...), when known.
+        aborted_by: when the error came in a peer's abort notice, that peer's global rank.
+        notice: the text of that notice (the peer's own error message).
+        earlier: in a notice, the failure of another group that held the peer up first.
+        between: set on a notice sent by a rank that was between calls of the group (idle
+            there, not stuck inside a call); the census reads it.
     """
+
+    aborted_by: int | None = None
+    notice: str | None = None
+    earlier: str | None = None
+    between: bool = False
 
     def __init__(self, message: str, *, rank: int | None = None, operation: str | None = None) -> None:
         super().__init__(message)

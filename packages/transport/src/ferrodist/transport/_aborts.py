@@ -59,7 +59,7 @@ def encode_notice(seq: int, error: FerrodistError, origin: int, earlier: Ferrodi
     record = {"class": type(error).__name__, "message": error.message, "origin": origin, "seq": seq, **attributes}
     if earlier is not None and earlier is not error:
         record["earlier"] = earlier.message
-    if getattr(error, "between", False):
+    if error.between:
         record["between"] = True
     return json.dumps(record).encode()
 
@@ -83,10 +83,11 @@ def decode_notice(data: bytes, rank: int, peer: int) -> tuple[int, FerrodistErro
     for name, default in defaults.items():
         value = record.get(name, default)
         setattr(error, name, tuple(value) if isinstance(value, list) else value)
-    error.aborted_by = peer  # type: ignore[attr-defined]
-    error.notice = message  # type: ignore[attr-defined]
-    error.earlier = record.get("earlier")  # type: ignore[attr-defined]
-    error.between = bool(record.get("between"))  # type: ignore[attr-defined]
+    error.aborted_by = peer
+    error.notice = message
+    earlier = record.get("earlier")
+    error.earlier = str(earlier) if earlier is not None else None
+    error.between = bool(record.get("between"))
     return seq, error
 
 
@@ -134,7 +135,7 @@ class Aborts:
         with self._lock:
             first = channel not in self._errors
             self._errors.setdefault(channel, error)
-            self._heard.setdefault(channel, {})[peer] = Notice(seq, getattr(error, "earlier", None), between)
+            self._heard.setdefault(channel, {})[peer] = Notice(seq, error.earlier, between)
             respond = self._watchers.get(channel) if first else None
         if respond is not None:
             threading.Thread(target=respond, args=(error, seq), name=f"ferrodist-abort-{channel}", daemon=True).start()
