@@ -44,6 +44,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "int16",
         "int32",
         "int64",
+        "is_torch_module",
         "reduce_into",
         "reduce_many",
         "reducer",

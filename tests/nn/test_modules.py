@@ -259,3 +259,13 @@ def test_float32_end_to_end(optimizer, loss_fn):
         opt.step()
     assert all(p.data.dtype == np.float32 and p.grad.dtype == np.float32 for p in model.parameters())
     assert losses[-1] < 0.9 * losses[0]
+
+
+def test_children_and_modules_walk_the_tree_in_registration_order():
+    from ferrodist import nn
+
+    inner = nn.Sequential(nn.Linear(2, 3, rng=0), nn.ReLU())
+    model = nn.Sequential(inner, nn.Linear(3, 1, rng=1))
+    assert list(model.children()) == [inner, model[1]]
+    assert [type(m).__name__ for m in model.modules()] == ["Sequential", "Sequential", "Linear", "ReLU", "Linear"]
+    assert list(nn.ReLU().children()) == []

@@ -39,7 +39,7 @@ from ._errors import (
 from ._group import Group, Work
 from ._ops import ReduceOp
 from ._reduce import reduce_into, reduce_many, reducer
-from ._tensor import Tensor, as_tensor
+from ._tensor import Tensor, as_tensor, is_torch_module
 
 __all__ = [
     "ALL_DTYPES",
@@ -75,6 +75,7 @@ __all__ = [
     "int32",
     "int64",
     "int8",
+    "is_torch_module",
     "reduce_into",
     "reduce_many",
     "reducer",

@@ -15,7 +15,7 @@ from ._device import CPU, Device, device
 from ._dtypes import DType, bfloat16, dtype
 from ._errors import InvalidArgument
 
-__all__ = ["Tensor", "as_tensor"]
+__all__ = ["Tensor", "as_tensor", "is_torch_module"]
 
 
 class Tensor:
@@ -277,6 +277,12 @@ def _from_dlpack(obj: Any) -> Tensor:
     except (BufferError, TypeError, RuntimeError) as exc:
         raise InvalidArgument(f"as_tensor: numpy could not import {type(obj).__name__} through DLPack: {exc}") from exc
     return Tensor(array, source=obj)
+
+
+def is_torch_module(obj: object) -> bool:
+    """True for a PyTorch ``nn.Module`` (without importing torch: False when it is not loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
 
 
 def _from_torch(obj: Any) -> Tensor:

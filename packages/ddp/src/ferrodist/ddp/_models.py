@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import InvalidArgument
+from ferrodist.core import InvalidArgument, is_torch_module
 
 from ._buckets import ParamSpec
 
@@ -198,14 +198,9 @@ class TorchModel(Model):
         return self.torch.from_numpy(array).to(device)
 
 
-def _is_torch_module(module: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(module, torch.nn.Module)
-
-
 def adapt(module: Any) -> Model:
     """The ``Model`` for a ``ferrodist.nn`` module or a PyTorch ``nn.Module``."""
-    if _is_torch_module(module):
+    if is_torch_module(module):
         return TorchModel(module)
     named = getattr(module, "named_parameters", None)
     if named is None or not callable(getattr(module, "backward", None)):

@@ -206,6 +206,16 @@ class Module(_Stateful):
     def _state_children(self) -> tuple[Module, ...]:
         return tuple(self._modules.values())
 
+    def children(self) -> Iterator[Module]:
+        """The modules registered directly on this one, in registration order (as PyTorch)."""
+        return iter(tuple(self._modules.values()))
+
+    def modules(self) -> Iterator[Module]:
+        """This module, then every module below it, depth first in registration order."""
+        yield self
+        for child in self._modules.values():
+            yield from child.modules()
+
     # --- parameters, modes and state ---------------------------------------------------------
 
     def named_parameters(self, prefix: str = "") -> list[tuple[str, Parameter]]:

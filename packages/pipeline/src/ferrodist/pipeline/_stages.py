@@ -10,19 +10,13 @@ only when given a torch module.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
 
-from ferrodist.core import DType, InvalidArgument
+from ferrodist.core import DType, InvalidArgument, is_torch_module
 
 __all__ = ["KitStage", "Stage", "TorchStage", "adapt_stage"]
-
-
-def _is_torch_module(module: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(module, torch.nn.Module)
 
 
 class Stage:
@@ -228,7 +222,7 @@ class TorchStage(Stage):
 def adapt_stage(module: Any) -> Stage:
     if isinstance(module, Stage):
         return module
-    if _is_torch_module(module):
+    if is_torch_module(module):
         return TorchStage(module)
     for method in ("backward_input", "backward_weight", "stash", "restore", "named_parameters"):
         if not callable(getattr(module, method, None)):
@@ -252,7 +246,7 @@ def _first_width(module: Any, *, kit: bool) -> int | None:
 
 
 def _kit_leaves(module: Any) -> Any:
-    children = list(getattr(module, "_modules", {}).values())
+    children = list(module.children())
     if not children:
         yield module
         return
