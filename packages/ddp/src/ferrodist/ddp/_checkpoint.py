@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +67,7 @@ def save_checkpoint(
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         try:
             with open(tmp, "wb") as f:
-                if model.kind == "torch":
-                    sys.modules["torch"].save(state, f)
-                else:
-                    pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+                model.save(state, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
@@ -107,10 +103,7 @@ def load_checkpoint(
     error: BaseException | None = None
     try:
         with open(path, "rb") as f:
-            if model.kind == "torch":
-                state = sys.modules["torch"].load(f, map_location=map_location, weights_only=False)
-            else:
-                state = pickle.load(f)
+            state = model.load(f, map_location)
         inner.load_state_dict(state["model"])
         if optimizer is not None:
             if state["optimizer"] is None:

@@ -154,7 +154,7 @@ class DistributedDataParallel:
         """``ferrodist.nn`` modules: backward through the module, averaging gradients as they
         become final; returns the gradient with respect to the input. (PyTorch modules:
         call ``loss.backward()``, which DDP hooks into.)"""
-        if self._model.kind == "torch":
+        if self._model.autograd:
             raise InvalidArgument(
                 "DistributedDataParallel.backward is for ferrodist.nn modules; call loss.backward() on a torch loss"
             )

@@ -8,14 +8,16 @@ only when the caller hands us a torch module (it is then already imported).
 
 from __future__ import annotations
 
+import pickle
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ferrodist.core import InvalidArgument, is_torch_module
 
+from ._arrays import ArrayOps, NumpyOps, TorchOps
 from ._buckets import ParamSpec
 
 __all__ = ["KitModel", "Model", "TorchModel", "adapt"]
@@ -26,6 +28,12 @@ class Model:
     the right kind, gradients as views into them, and a call when each gradient is final."""
 
     kind = "abstract"
+    #: Where the end of a backward comes from: ``True``, the framework's autograd (DDP
+    #: finishes the step when it ends); ``False``, an explicit ``DDP.backward`` call.
+    autograd = False
+    #: A missing gradient arrives in a fresh array of the framework's (PyTorch): copying it
+    #: into the bucket once is cheaper than a zeroed view plus an in-place addition.
+    fresh_gradients = False
 
     def __init__(self, module: Any) -> None:
         self.module = module
@@ -77,6 +85,18 @@ class Model:
     def small(self, array: np.ndarray) -> Any:
         """``array`` (a few bytes of bookkeeping) as an array the group takes: on the
         parameters' device for torch modules, so an NCCL group can carry it."""
+        raise NotImplementedError
+
+    def array_ops(self) -> ArrayOps:
+        """The array operations of this model's buffers (for the communication hooks)."""
+        raise NotImplementedError
+
+    def save(self, state: Any, file: BinaryIO) -> None:
+        """Write a checkpoint's ``state`` to ``file`` in this framework's format."""
+        raise NotImplementedError
+
+    def load(self, file: BinaryIO, map_location: Any = None) -> Any:
+        """Read a checkpoint's state from ``file``."""
         raise NotImplementedError
 
 
@@ -134,12 +154,23 @@ class KitModel(Model):
     def small(self, array: np.ndarray) -> np.ndarray:
         return array
 
+    def array_ops(self) -> ArrayOps:
+        return NumpyOps()
+
+    def save(self, state: Any, file: BinaryIO) -> None:
+        pickle.dump(state, file, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def load(self, file: BinaryIO, map_location: Any = None) -> Any:
+        return pickle.load(file)
+
 
 class TorchModel(Model):
     """A PyTorch ``nn.Module``: gradients announced by post-accumulate-grad hooks, the end
     of backward by a callback queued on autograd's engine."""
 
     kind = "torch"
+    autograd = True
+    fresh_gradients = True
 
     def __init__(self, module: Any) -> None:
         super().__init__(module)
@@ -196,6 +227,15 @@ class TorchModel(Model):
     def small(self, array: np.ndarray) -> Any:
         device = self.params[0].device if self.params else "cpu"
         return self.torch.from_numpy(array).to(device)
+
+    def array_ops(self) -> ArrayOps:
+        return TorchOps()
+
+    def save(self, state: Any, file: BinaryIO) -> None:
+        self.torch.save(state, file)
+
+    def load(self, file: BinaryIO, map_location: Any = None) -> Any:
+        return self.torch.load(file, map_location=map_location, weights_only=False)
 
 
 def adapt(module: Any) -> Model:

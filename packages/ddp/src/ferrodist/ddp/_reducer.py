@@ -18,7 +18,7 @@ import numpy as np
 from ferrodist.collectives import tracing
 from ferrodist.core import Group, InvalidArgument, ReduceOp, Work, dtype
 
-from ._arrays import ArrayOps, NumpyOps, TorchOps
+from ._arrays import ArrayOps
 from ._buckets import BucketPlan
 from ._hooks import GradBucket
 from ._models import Model
@@ -38,7 +38,7 @@ class Reducer:
         self.hook = hook
         self.overlap = overlap
         self.find_unused = find_unused
-        ops: ArrayOps = TorchOps() if model.kind == "torch" else NumpyOps()
+        ops: ArrayOps = model.array_ops()
         n = len(model.params)
         self.flats = [model.flat(b.dtype, b.device, b.numel) for b in plan.buckets]
         self.views: list[Any] = [None] * n
@@ -98,7 +98,7 @@ class Reducer:
         # PyTorch's autograd hands a missing gradient its freshly computed tensor, so one copy
         # into the bucket (in _ready) is cheaper than a zeroed view plus an in-place addition
         # (one pass over the gradients against three). The kit copies either way.
-        steal = model.kind == "torch"
+        steal = model.fresh_gradients
         for i, view in enumerate(self.views):
             grad = model.grad(i)
             if grad is None:
@@ -118,7 +118,7 @@ class Reducer:
             model.copy_into(self.views[i], grad)
             model.set_grad(i, self.views[i])
         self.used[i] = 1
-        if model.kind == "torch" and not self.queued:
+        if model.autograd and not self.queued:
             self.queued = True
             model.at_end_of_backward(self.finish)
         if not self.syncing:
