@@ -29,17 +29,17 @@ _PLACE = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
 
 
 def start_by_hand(
-    tmp_path: Path, places: list[tuple[int, int]], port: int, *, limit: float = 30
+    tmp_path: Path, places: list[tuple[int, int]], port: int, *, limit: float = 30, mode: tuple[str, ...] = ("join",)
 ) -> tuple[float, list[dict], str]:
-    """Start one process per (RANK, WORLD_SIZE) of ``places`` in mode join; wait for all
-    of them (``limit`` s at most, then kill them). Returns the seconds until the last one
-    ended, the errors they recorded, and their output."""
+    """Start one process per (RANK, WORLD_SIZE) of ``places`` in ``mode`` (join; or work and its
+    rounds); wait for all of them (``limit`` s at most, then kill them). Returns the seconds
+    until the last one ended, the errors they recorded, and their output."""
     env = {k: v for k, v in os.environ.items() if k not in _PLACE and not k.startswith(("OMPI_", "PMI", "SLURM_"))}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), FERRODIST_TOKEN="by-hand")
     start = time.monotonic()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), "join", str(tmp_path), "tcp"],
+            [sys.executable, str(SCRIPT), mode[0], str(tmp_path), "tcp", *mode[1:]],
             env={**env, "RANK": str(rank), "WORLD_SIZE": str(size)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -103,6 +103,22 @@ def test_two_processes_with_one_rank_make_every_rank_fail_fast(tmp_path, places,
         assert f"two processes were started as rank {twice} (pid " in error["message"], error
         pids.add(error["message"].split("(pid ")[1].split()[0])
     assert len(pids) == 1  # every rank names the same two processes
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_second_process_with_a_rank_stops_every_process_even_once_the_others_have_started(tmp_path, attempt):
+    """Ranks 0 and 1 of 2 and a second rank 1, started together: the right two start between
+    themselves within milliseconds, often before the second rank 1 has registered (each
+    process's imports take tens of milliseconds more or less). Every process must still stop,
+    naming both processes started as rank 1, whatever the order."""
+    took, errors, output = start_by_hand(tmp_path, [(0, 2), (1, 2), (1, 2)], free_port(), mode=("work", "2000"))
+    assert took < FAST, output
+    assert len(errors) == 3, output
+    pids = set()
+    for error in errors:
+        assert "two processes were started as rank 1 (pid " in error["message"], error
+        pids.add(error["message"].split("two processes were started as rank 1 (")[1].split(")")[0])
+    assert len(pids) == 1, errors  # every process names the same two
 
 
 def test_a_master_port_held_by_another_program_is_named_on_every_rank(tmp_path):

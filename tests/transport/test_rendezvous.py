@@ -14,10 +14,11 @@ import pytest
 
 from _helpers import free_port
 from ferrodist.core import BackendUnavailable, FerrodistError, InvalidArgument
-from ferrodist.transport import ShmTransport, StoreClient, TcpTransport
+from ferrodist.transport import ShmTransport, StoreClient, TcpTransport, _rendezvous
 from ferrodist.transport._auth import connect_handshake
 from ferrodist.transport._frames import HELLO, encode_header
 from ferrodist.transport._net import connect_with_retry
+from ferrodist.transport._rendezvous import Rendezvous
 
 TOKEN = b"rendezvous-test"
 #: Every rank of a bad start must have failed within this many seconds (timeouts are 60 s;
@@ -178,4 +179,71 @@ def test_connecting_again_without_closing_names_this_process_s_own_store():
         assert "call destroy_process_group() (or close the transport) before initializing again" in str(info.value)
     finally:
         for transport in first:
+            transport.close()
+
+
+def register_late(port: int, rank: int, world_size: int) -> FerrodistError:
+    """A second process registering as ``rank`` of the job on ``port`` once it has started
+    (its own store client: this process's memory of joined stores would refuse that store)."""
+    store = StoreClient("127.0.0.1", port, timeout=10, token=TOKEN, rank=rank)
+    try:
+        Rendezvous(store, rank, world_size, time.monotonic() + 10, f"rank {rank}: joining late").join()
+    except FerrodistError as exc:
+        return exc
+    finally:
+        store.close()
+    raise AssertionError(f"a second process with rank {rank} was let in")
+
+
+def barriers(transports) -> list[object]:
+    """A barrier on every transport at once: what each returned or raised."""
+    outcomes: list[object] = [None] * len(transports)
+
+    def run(i: int) -> None:
+        try:
+            transports[i].barrier(timeout=10)
+        except FerrodistError as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(transports))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+    return outcomes
+
+
+def test_a_second_process_with_a_rank_just_after_the_start_stops_every_rank():
+    """Processes started together start within milliseconds of each other when they are the
+    right ones, and a duplicate's imports may take longer than that: it still stops the job."""
+    port = free_port()
+    transports, _ = finish(*start([(0, 2), (1, 2)], port), close=False)
+    try:
+        assert not any(isinstance(t, FerrodistError) for t in transports), transports
+        error = register_late(port, 1, 2)
+        assert isinstance(error, InvalidArgument), error
+        assert "two processes were started as rank 1 (pid" in str(error)
+        outcomes = barriers(transports)
+        for rank, outcome in enumerate(outcomes):
+            assert isinstance(outcome, FerrodistError), (rank, outcome)
+            assert "two processes were started as rank 1 (pid" in str(outcome), outcome
+    finally:
+        for transport in transports:
+            transport.close()
+
+
+def test_a_second_process_with_a_rank_long_after_the_start_is_refused_alone(monkeypatch):
+    monkeypatch.setattr(_rendezvous, "START_GRACE", 0.2)
+    port = free_port()
+    transports, _ = finish(*start([(0, 2), (1, 2)], port), close=False)
+    try:
+        assert not any(isinstance(t, FerrodistError) for t in transports), transports
+        time.sleep(0.4)
+        error = register_late(port, 1, 2)
+        assert isinstance(error, InvalidArgument), error
+        assert "two processes were started as rank 1 (pid" in str(error)
+        assert "the job had already been running for" in str(error), error
+        assert barriers(transports) == [None, None]  # the job runs on
+    finally:
+        for transport in transports:
             transport.close()

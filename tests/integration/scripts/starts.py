@@ -6,6 +6,7 @@ MODE twice:   init_process_group, then init_process_group again.
 MODE reinit:  COUNT times: init_process_group, a checked all_reduce, destroy_process_group
               (rank 0 dawdles before every other destroy, so that the others come back
               while its previous store is still up).
+MODE work:    init_process_group, then COUNT checked all_reduces, a millisecond apart.
 MODE freeze:  after a first all_reduce rank 0 stops itself (SIGSTOP) and rank 1 runs
               all_reduce(timeout=5).
 
@@ -48,6 +49,11 @@ def main() -> None:
         if mode == "join":
             dist.init_process_group(backend)
             checked_all_reduce(0)
+        elif mode == "work":
+            dist.init_process_group(backend)
+            for round_ in range(count):
+                checked_all_reduce(round_)
+                time.sleep(0.001)
         elif mode == "twice":
             dist.init_process_group(backend, timeout=60)
             checked_all_reduce(0)

@@ -1,5 +1,13 @@
 """A TCP transport's connection to one peer (``Link``) and the records of its messages:
-a posted receive (``Pending``, ``Recv``), a frame being read (``Frame``).
+a posted receive (``Pending``, ``Recv``), a frame being read (``Frame``), a message that
+arrives before its receive is posted (``Arrival``).
+
+No length read from the wire is reserved before its bytes come: a frame whose receive is
+posted is read into that receive's buffer (and one that does not fit it is read and
+dropped through a small scratch buffer); a message nobody waits for yet is kept in pieces
+allocated as its bytes arrive (``PIECE``, then at most as much again as has come); an
+abort notice or a goodbye is read whole, but announcing more than ``NOTICE_LIMIT`` bytes
+is a ``ProtocolError``.
 
 The link's socket is non-blocking and its reader resumable: whoever holds its read lock
 reads, a piece at a time, the link's own thread or a caller waiting for a message from
@@ -25,9 +33,13 @@ from ._matching import Buffer
 if TYPE_CHECKING:
     from ._tcp import TcpTransport
 
-__all__ = ["DONE", "Done", "Frame", "Link", "Pending", "Recv"]
+__all__ = ["DONE", "NOTICE_LIMIT", "PIECE", "Arrival", "Done", "Frame", "Link", "Pending", "Recv"]
 
 _SMALL = 64 << 10  # payloads up to this size go out in one write with their header
+#: The first piece of a message that arrives before its receive (and of a scratch buffer).
+PIECE = 1 << 20
+#: The most bytes an abort notice or a goodbye's reason may take (a JSON error: a few KiB).
+NOTICE_LIMIT = 1 << 20
 #: Seconds a link stays with the callers after their last claim before its thread reads it again.
 _LINGER = 0.005
 #: Seconds between a reading caller's looks at the aborted channels (notices may come on other links).
@@ -59,6 +71,29 @@ class Pending:
         self.error: BaseException | None = None
 
 
+class Arrival:
+    """A message that arrives before its receive is posted: its header, and its payload in
+    pieces as they come (``done`` once whole). A receive posted while it arrives takes it
+    (``taker``) and is filled when it is whole; ``dropped``: nobody will take it (its
+    channel was aborted, or it did not fit the receive that took it)."""
+
+    __slots__ = ("done", "dropped", "fingerprint", "length", "pieces", "received", "tag", "taker")
+
+    def __init__(self, tag: int, fingerprint: int, length: int) -> None:
+        self.tag = tag
+        self.fingerprint = fingerprint
+        self.length = length
+        self.pieces: list[bytearray] = []
+        self.received = 0  # bytes of the pieces allocated so far (each one full before the next)
+        self.done = False
+        self.dropped = False
+        self.taker: Pending | None = None
+
+    def drop(self) -> None:
+        self.dropped = True
+        self.pieces = []
+
+
 class Recv:
     """A posted receive; ``wait`` blocks on the transport's condition variable."""
 
@@ -75,11 +110,11 @@ class Recv:
 
 
 class Frame:
-    """A DATA frame being read: where its payload goes (a posted receive's buffer, a new
-    buffer for a message nobody waits for yet, or pieces of a scratch buffer to drop a
-    mismatched one) and how much is left."""
+    """A frame being read: where its payload goes (a posted receive's buffer; the pieces of
+    an ``Arrival``; a scratch buffer, to drop one that nobody will take; a notice's bytes)
+    and how much is left to place."""
 
-    __slots__ = ("error", "fingerprint", "kind", "left", "payload", "pending", "piece", "tag")
+    __slots__ = ("arrival", "error", "fingerprint", "kind", "left", "payload", "pending", "piece", "tag")
 
     def __init__(
         self, tag: int, fingerprint: int, pending: Pending | None, error: BaseException | None, kind: int = DATA
@@ -89,13 +124,25 @@ class Frame:
         self.fingerprint = fingerprint
         self.pending = pending
         self.error = error
-        self.payload: bytearray | None = None
+        self.arrival: Arrival | None = None
+        self.payload: bytearray | None = None  # a notice's bytes, or the scratch of a dropped frame
         self.piece = memoryview(b"")
         self.left = 0
 
     def next_piece(self) -> None:
-        scratch = memoryview(bytearray(min(self.left, 1 << 20)))
-        self.piece, self.left = scratch, self.left - len(scratch)
+        """Where the next bytes go: a new piece of the arrival (at most as large as what has
+        come, 1 MiB at first), or the scratch buffer (made once, 1 MiB at most)."""
+        arrival = self.arrival
+        if arrival is not None and not arrival.dropped:
+            piece = bytearray(min(self.left, max(PIECE, arrival.received)))
+            arrival.pieces.append(piece)
+            arrival.received += len(piece)
+            self.piece = memoryview(piece)
+        else:
+            if self.payload is None:
+                self.payload = bytearray(min(self.left, PIECE))
+            self.piece = memoryview(self.payload)[: min(self.left, len(self.payload))]
+        self.left -= len(self.piece)
 
 
 class Link:
@@ -127,6 +174,7 @@ class Link:
         self.paused = False  # the thread is not listening (claimed now, or a moment ago)
         self.released = 0.0  # when the last claim ended
         self.ended = False  # no more frames will be read: GOODBYE, a broken stream, or close
+        self.farewell = False  # this rank has said goodbye on it
         # the frame being read (guarded by read_lock)
         self._header = memoryview(bytearray(HEADER.size))
         self._got = 0  # bytes of the header, then of the current piece of payload
@@ -280,6 +328,14 @@ class Link:
         t = self.transport
         header = decode_header(self._header, expected_sequence=self.recv_seq, max_length=t._max_frame, peer=self.peer)
         self.recv_seq += 1
+        if header.kind in (GOODBYE, ABORT) and header.length > NOTICE_LIMIT:
+            what = "abort notice" if header.kind == ABORT else "goodbye"
+            raise ProtocolError(
+                f"rank {t.rank}: rank {self.peer} announced a {what} of {header.length} bytes, longer than any "
+                f"notice ({NOTICE_LIMIT} bytes; nothing was reserved for it): the stream from rank {self.peer} is "
+                f"corrupt, or what connected as rank {self.peer} is not ferrodist of this version",
+                rank=t.rank,
+            )
         if header.kind == GOODBYE and header.length:  # it leaves because of a failure: read why
             frame = Frame(header.tag, header.fingerprint, None, None, GOODBYE)
             frame.payload = bytearray(header.length)

@@ -22,9 +22,11 @@ __all__ = [
     "readable",
     "recv_exact",
     "remaining",
+    "store_address",
 ]
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: the IPv4 address of an interface
+_FIRST_PIECE = 64 << 10
 
 #: Seconds a connection's handshake (token exchange, HELLO) may take once its other end
 #: has started it: a ferrodist process answers at once, so a longer silence means the
@@ -45,21 +47,22 @@ def remaining(deadline: float, what: str) -> float:
 
 
 def recv_exact(sock: socket.socket, count: int, deadline: float, what: str, peer: int) -> bytes:
-    """Read exactly ``count`` bytes before ``deadline`` (``PeerLost`` on end of stream)."""
-    buf = bytearray(count)
-    view = memoryview(buf)
-    got = 0
-    while got < count:
+    """Read exactly ``count`` bytes before ``deadline`` (``PeerLost`` on end of stream).
+
+    Memory grows with the bytes that arrive (64 KiB, then at most as much again as has
+    come), never with ``count`` alone: a length read from the wire reserves nothing."""
+    buf = bytearray()
+    while len(buf) < count:
         sock.settimeout(remaining(deadline, what))
         try:
-            n = sock.recv_into(view[got:], count - got)
+            part = sock.recv(min(count - len(buf), max(_FIRST_PIECE, len(buf))))
         except TimeoutError:
             raise CollectiveTimeout(f"{what}: no answer from rank {peer} in time", waiting_for=(peer,)) from None
         except OSError as exc:
             raise PeerLost(f"{what}: the connection to rank {peer} failed ({exc})", peer=peer) from None
-        if n == 0:
+        if not part:
             raise PeerLost(f"{what}: rank {peer} closed the connection", peer=peer)
-        got += n
+        buf += part
     return bytes(buf)
 
 
@@ -157,6 +160,28 @@ def interface_address(name: str) -> str:
     finally:
         probe.close()
     return socket.inet_ntoa(packed[20:24])
+
+
+def store_address(master_addr: str) -> str:
+    """The address rank 0's store listens on: the one ``master_addr`` names, where this
+    host has it (that is where the other ranks connect: a host name that resolves to a
+    loopback address such as 127.0.1.1 included), else the address of the interface that
+    routes to it (a master address that is translated on its way here). Never every
+    address of the host."""
+    if ":" in master_addr:  # an IPv6 literal: listen on it as it is
+        return master_addr
+    try:
+        resolved = socket.gethostbyname(master_addr)
+    except OSError:
+        return local_address(master_addr)
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.bind((resolved, 0))  # succeeds only for an address of this host
+        return resolved
+    except OSError:
+        return local_address(master_addr)
+    finally:
+        probe.close()
 
 
 def local_address(master_addr: str) -> str:

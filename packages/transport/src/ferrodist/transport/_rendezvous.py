@@ -1,4 +1,4 @@
-"""Starting a job: the store, each rank's registration, and the full mesh of connections.
+"""Starting a job: the store, each rank's registration, and what ends a start.
 
 1. Rank 0 hosts the store on the master port; every rank connects to it (``open_store``),
    but never to a store this process has already joined as this rank: that one belongs
@@ -10,16 +10,23 @@
    processes that claim the rank and ``ferrodist/join/<rank>/<n>`` says who each is (world
    size, pid, host). A second process with the same rank, or a world size other than
    rank 0's, is a conflict.
-3. Each rank listens on a free port of its chosen address, publishes ``host:port``,
-   connects to every lower rank and accepts every higher one. Connections only go
-   downward, so no two ranks wait on each other. After the token handshake, both ends
-   send a HELLO frame (frame 0) carrying their rank and the world size.
+3. The ranks connect pairwise (``_mesh``).
+4. Every rank looks for an abort once more (``Rendezvous.finish``), and rank 0 marks the
+   job started (``ferrodist/started``).
 
 A rank that finds a conflict (or a HELLO that contradicts the job) publishes the reason
 under ``ferrodist/abort``; every wait of the rendezvous looks at that key at least every
 ``POLL`` seconds, so every rank raises the same error within a second or two instead of
 waiting out its timeout. A rank whose own arguments are wrong reports them there too
 (``report_bad_start``).
+
+The right ranks of a job started together finish their start within milliseconds of
+each other, often before a wrong one (a second process with one of their ranks, say)
+has registered: its process may take tens of milliseconds longer to import. So rank 0
+also watches for an abort for ``START_GRACE`` seconds after the start and then stops the
+job on every rank (its transport says goodbye with the reason). An abort that comes
+later than that is another job's on the same ``MASTER_PORT``, or a stray process's: it
+fails alone, and the job runs on.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ferrodist.core import (
@@ -44,19 +51,32 @@ from ferrodist.core import (
     ProtocolError,
 )
 
-from ._auth import accept_handshake, connect_handshake
-from ._frames import HEADER, HELLO, decode_header, encode_header
-from ._net import HANDSHAKE_LIMIT, PortInUse, connect_with_retry, listen, local_address, readable, recv_exact, tune
+from ._accept import Refusals
+from ._net import HANDSHAKE_LIMIT, PortInUse, store_address
 from ._store import KeyValue, StoreClient, StoreServer
 
-__all__ = ["POLL", "STORE_KEY", "Rendezvous", "mesh", "open_store", "open_store_through", "report_bad_start"]
+__all__ = [
+    "POLL",
+    "START_GRACE",
+    "STORE_KEY",
+    "Rendezvous",
+    "open_store",
+    "open_store_through",
+    "report_bad_start",
+]
 
 #: The longest a rendezvous wait goes without looking for an abort (seconds).
 POLL = 0.5
+#: Seconds after the start during which an abort (a second process with one of the job's
+#: ranks, a rank with another WORLD_SIZE) still stops the whole job.
+START_GRACE = 10.0
 _JOIN = "ferrodist/join"
 _ABORT = "ferrodist/abort"
 _ABORTS = "ferrodist/aborts"
 _SEEN = "ferrodist/abort-seen"
+_STARTED = "ferrodist/started"
+_STOPPED = "ferrodist/stopped"
+_REFUSED = "ferrodist/refused"
 #: The key of an outside key-value store under which rank 0 publishes where its store is.
 STORE_KEY = "ferrodist/store"
 #: Error classes an abort may carry (anything else arrives as ``FerrodistError``).
@@ -91,10 +111,17 @@ JOINED = _Joined()
 
 
 def open_store(
-    rank: int, master_addr: str, master_port: int, token: bytes, deadline: float, what: str
+    rank: int,
+    master_addr: str,
+    master_port: int,
+    token: bytes,
+    deadline: float,
+    what: str,
+    refusals: Refusals | None = None,
 ) -> tuple[StoreClient, StoreServer | None]:
-    """Rank 0 starts the store; every rank connects to it. Returns the client and, on
-    rank 0, the server.
+    """Rank 0 starts the store (on the address ``master_addr`` names, see ``store_address``);
+    every rank connects to it. Returns the client and, on rank 0, the server (which counts
+    what it refused in ``refusals``).
 
     Raises:
         BackendUnavailable: the master port is held by something else (a program that
@@ -102,9 +129,8 @@ def open_store(
     """
     server = None
     if rank == 0:
-        bind = "0.0.0.0" if local_address(master_addr) != "127.0.0.1" else "127.0.0.1"
         try:
-            server = StoreServer(bind, master_port, token=token)
+            server = StoreServer(store_address(master_addr), master_port, token=token, refusals=refusals)
         except PortInUse as exc:
             return _join_existing_store(master_addr, master_port, token, deadline, what, exc), None
     try:
@@ -124,7 +150,7 @@ def open_store(
 
 
 def open_store_through(
-    kv: KeyValue, rank: int, host: str, token: bytes, deadline: float, what: str
+    kv: KeyValue, rank: int, host: str, token: bytes, deadline: float, what: str, refusals: Refusals | None = None
 ) -> tuple[StoreClient, StoreServer | None, bytes]:
     """Start through a key-value store the job already has (``kv``): rank 0 hosts the store
     on ``host`` and a port the OS picks, and publishes ``"host:port store-id token"`` under
@@ -142,7 +168,7 @@ def open_store_through(
     """
     if rank == 0:
         secret = token or secrets.token_hex(16).encode()
-        server = StoreServer("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0, token=secret)
+        server = StoreServer(host, 0, token=secret, refusals=refusals)
         try:
             made = secret.decode() if not token else "-"
             _kv_call(kv.set, (STORE_KEY, f"{host}:{server.port} {server.store_id} {made}".encode()), deadline, what)
@@ -279,8 +305,7 @@ def report_bad_start(
     server = None
     if rank == 0:
         try:
-            bind = "0.0.0.0" if local_address(master_addr) != "127.0.0.1" else "127.0.0.1"
-            server = StoreServer(bind, master_port, token=token)
+            server = StoreServer(store_address(master_addr), master_port, token=token)
         except FerrodistError:
             return
     elif not isinstance(rank, int) or rank < 0:
@@ -310,16 +335,27 @@ def _publish(store: StoreClient, error: FerrodistError, timeout: float) -> None:
 class Rendezvous:
     """One rank's part of starting a job: waits on the store that notice an abort, and
     the abort itself. Every rank of the job that is still starting raises the first
-    abort published, with its reason."""
+    abort published, with its reason. ``refusals``: the connections this rank's ports
+    refused (rank 0 publishes its count while it waits, for the others' messages)."""
 
-    def __init__(self, store: StoreClient, rank: int, world_size: int, deadline: float, what: str) -> None:
+    def __init__(
+        self,
+        store: StoreClient,
+        rank: int,
+        world_size: int,
+        deadline: float,
+        what: str,
+        refusals: Refusals | None = None,
+    ) -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
         self.deadline = deadline
         self.what = what
         self.aborted = False
+        self.refusals = Refusals() if refusals is None else refusals
         self._checked = time.monotonic()
+        self._told = 0
 
     def left(self) -> float:
         """Seconds to the deadline (a request with no time left at all still gets 50 ms)."""
@@ -336,9 +372,48 @@ class Rendezvous:
             self._raise_abort(self.left())
 
     def check_due(self) -> None:
-        """``check``, if the last one was ``POLL`` seconds ago or more."""
+        """``check``, if the last one was ``POLL`` seconds ago or more (rank 0 also publishes
+        what its ports refused since, see ``outside``)."""
         if time.monotonic() - self._checked >= POLL:
             self.check()
+            refused = self.refusals.total()
+            if self.rank == 0 and refused != self._told:
+                self._told = refused
+                self.store.set(_REFUSED, self.refusals.describe("rank 0"), timeout=self.left())
+
+    def outside(self) -> str:
+        """A clause for a start that failed: the connections from outside the job that this
+        rank refused and, on another rank, those rank 0 published; '' when there were none."""
+        note = self.refusals.describe("this rank")
+        if self.rank != 0:
+            try:
+                if self.store.check([_REFUSED], timeout=0.3):
+                    note += self.store.get(_REFUSED, timeout=0.3).decode(errors="replace")
+            except FerrodistError:
+                pass
+        return note
+
+    def finish(self, server: StoreServer | None, stop: Callable[[FerrodistError], None]) -> None:
+        """The end of this rank's start: look for an abort once more; on rank 0, mark the job
+        started and, for ``START_GRACE`` seconds, stop it on every rank (``stop``, with the
+        reason) when an abort is published (see the module docstring)."""
+        self.check()
+        if server is None:
+            return
+        self.store.set(_STARTED, repr(time.time()), timeout=self.left())
+
+        def stopped(value: bytes) -> None:
+            kind, _, reason = value.decode(errors="replace").partition("\n")
+            try:
+                self.store.set(_STOPPED, b"", timeout=1.0)  # before the process that published it is answered
+            except FerrodistError:
+                pass
+            error = _KINDS.get(kind, FerrodistError)(
+                f"{self.what}: the job stopped just after it started: {reason}", rank=0
+            )
+            stop(error)
+
+        server.watch(_ABORT, stopped, until=time.monotonic() + START_GRACE)
 
     def check_after(self, error: FerrodistError) -> NoReturn:
         """A peer dropped the connection during the handshake: if it did so because it
@@ -351,14 +426,38 @@ class Rendezvous:
 
     def abort(self, error: FerrodistError) -> NoReturn:
         """Publish ``error`` as the reason the job cannot start (unless another rank's came
-        first) and raise the published one."""
+        first) and raise the published one. When the job had started already (this process
+        came late), say so, and whether rank 0 stopped it (see ``START_GRACE``)."""
+        timeout = max(1.0, min(self.left(), 5.0))
         try:
-            _publish(self.store, error, max(1.0, min(self.left(), 5.0)))
+            _publish(self.store, error, timeout)
+            since = self._started_since(timeout)
         except FerrodistError:
             raise error.with_context(self.what) from None
-        self._raise_abort(max(1.0, min(self.left(), 5.0)))
+        if since is None:
+            self._raise_abort(timeout)
+        try:
+            stopped = self.store.check([_STOPPED], timeout=timeout)
+        except FerrodistError:
+            stopped = False
+        if stopped:
+            self._raise_abort(timeout, f"rank 0 had started the job {since:.2f} s before, and stops it")
+        self.aborted = True
+        raise error.with_context(
+            f"{self.what}: the job had already been running for {since:.2f} s when this process came, and runs on "
+            "without it"
+        )
 
-    def _raise_abort(self, timeout: float) -> NoReturn:
+    def _started_since(self, timeout: float) -> float | None:
+        """Seconds since rank 0 marked the job started (its clock), or None if it has not."""
+        if not self.store.check([_STARTED], timeout=timeout):
+            return None
+        try:
+            return max(0.0, time.time() - float(self.store.get(_STARTED, timeout=timeout)))
+        except ValueError:
+            return 0.0
+
+    def _raise_abort(self, timeout: float, what_happened: str = "the job cannot start") -> NoReturn:
         kind, _, reason = self.store.get(_ABORT, timeout=timeout).decode(errors="replace").partition("\n")
         self.aborted = True
         try:
@@ -366,7 +465,7 @@ class Rendezvous:
             self.store.add(f"{_SEEN}/{self.rank}", 1, timeout=min(1.0, timeout))
         except FerrodistError:
             pass
-        raise _KINDS.get(kind, FerrodistError)(f"{self.what}: the job cannot start: {reason}", rank=self.rank)
+        raise _KINDS.get(kind, FerrodistError)(f"{self.what}: {what_happened}: {reason}", rank=self.rank)
 
     def linger(self, seconds: float = HANDSHAKE_LIMIT) -> None:
         """On rank 0 after an abort: keep the store up until every process that joined (a
@@ -434,120 +533,3 @@ def _process(record: str) -> str:
     """``"pid N on HOST"`` from a registration (``"<world size> <pid> <host>"``)."""
     _, pid, host = [*record.split(" ", 2), "?", "?"][:3]
     return f"pid {pid} on {host}"
-
-
-# -- the mesh ---------------------------------------------------------------------------------
-def mesh(rdv: Rendezvous, host: str, secret: bytes) -> Iterator[tuple[int, socket.socket]]:
-    """Yield ``(peer, socket)`` for every other rank; every socket is authenticated and
-    introduced. On failure the sockets not yet yielded are closed."""
-    listener = listen(host, 0, rdv.what)
-    try:
-        rdv.store.set(f"ferrodist/addr/{rdv.rank}", f"{host}:{listener.getsockname()[1]}", timeout=rdv.left())
-        for peer in range(rdv.rank):
-            yield peer, _dial(rdv, peer, secret)
-        yield from _accept_all(rdv, listener, secret)
-    finally:
-        listener.close()
-
-
-def _dial(rdv: Rendezvous, peer: int, secret: bytes) -> socket.socket:
-    address = rdv.get(f"ferrodist/addr/{peer}", peer, "published its address (is it running?)")
-    host, _, port = address.decode().rpartition(":")
-    sock = connect_with_retry(host, int(port), rdv.deadline, rdv.what, peer)
-    try:
-        # The peer accepts once it has connected to the ranks below it, which may take
-        # long (one of them has not started yet): meanwhile, look for an abort.
-        while not readable(sock, min(POLL, rdv.deadline - time.monotonic())):
-            if rdv.expired():
-                raise CollectiveTimeout(
-                    f"{rdv.what}: rank {peer} did not take this rank's connection in time (it is still connecting "
-                    "to a rank below it?)",
-                    rank=rdv.rank,
-                    waiting_for=(peer,),
-                )
-            rdv.check()
-        try:
-            connect_handshake(sock, secret, rdv.deadline, rdv.what, peer)
-            sock.sendall(encode_header(HELLO, rdv.rank, 0, rdv.world_size, 0))
-            claimed, size = _read_hello(sock, rdv.deadline, rdv.what, peer)
-        except (PeerLost, ProtocolError) as exc:  # the peer refused our HELLO, perhaps
-            rdv.check_after(exc)
-    except BaseException:
-        sock.close()
-        raise
-    if (claimed, size) != (peer, rdv.world_size):
-        sock.close()
-        rdv.abort(
-            InvalidArgument(
-                f"the process at rank {peer}'s address introduced itself as rank {claimed} of a job of {size} ranks, "
-                f"to rank {rdv.rank} of a job of {rdv.world_size}: start every rank with the same WORLD_SIZE and its "
-                "own RANK"
-            )
-        )
-    return sock
-
-
-def _accept_all(rdv: Rendezvous, listener: socket.socket, secret: bytes) -> Iterator[tuple[int, socket.socket]]:
-    rank, world_size = rdv.rank, rdv.world_size
-    waiting = set(range(rank + 1, world_size))
-    while waiting:
-        left = rdv.deadline - time.monotonic()
-        if left <= 0:
-            raise CollectiveTimeout(
-                f"{rdv.what}: ranks {sorted(waiting)} never connected to rank {rank}",
-                rank=rank,
-                waiting_for=tuple(sorted(waiting)),
-            )
-        rdv.check_due()
-        listener.settimeout(min(left, POLL))
-        try:
-            sock, _ = listener.accept()
-        except TimeoutError:
-            continue
-        tune(sock)
-        try:
-            accept_handshake(sock, secret, rdv.deadline, rdv.what)
-        except (FerrodistError, OSError):
-            sock.close()  # a stranger or a refused process: keep waiting for the real peers
-            continue
-        try:  # a process holding the job's token: what it says about itself must fit
-            peer, size = _read_hello(sock, rdv.deadline, rdv.what, -1)
-            problem = _hello_problem(rank, world_size, waiting, peer, size)
-            if problem is None:
-                sock.sendall(encode_header(HELLO, rank, 0, world_size, 0))
-        except (FerrodistError, OSError) as exc:
-            sock.close()
-            rdv.abort(
-                ProtocolError(f"a process of this job connected to rank {rank} but did not introduce itself ({exc})")
-            )
-        if problem is not None:
-            sock.close()
-            rdv.abort(InvalidArgument(problem))
-        waiting.discard(peer)
-        yield peer, sock
-
-
-def _hello_problem(rank: int, world_size: int, waiting: set[int], peer: int, size: int) -> str | None:
-    """What is wrong with a HELLO from ``peer`` of a job of ``size`` ranks, if anything."""
-    if size != world_size:
-        return (
-            f"rank {peer} was started with WORLD_SIZE={size} and rank {rank} with WORLD_SIZE={world_size}: "
-            "start every rank with the same WORLD_SIZE"
-        )
-    if peer in waiting:
-        return None
-    if rank < peer < world_size:
-        return f"two processes were started as rank {peer} (both connected to rank {rank}): give each its own RANK"
-    return (
-        f"a process introduced itself to rank {rank} as rank {peer}, but only ranks {rank + 1} to {world_size - 1} "
-        f"connect to rank {rank}: two processes were started as rank {peer}, or RANK is wrong"
-    )
-
-
-def _read_hello(sock: socket.socket, deadline: float, what: str, who: int) -> tuple[int, int]:
-    """The rank and world size a peer's HELLO claims (within the handshake limit)."""
-    short = min(deadline, time.monotonic() + HANDSHAKE_LIMIT)
-    hello = decode_header(recv_exact(sock, HEADER.size, short, what, who), expected_sequence=0, max_length=0, peer=who)
-    if hello.kind != HELLO:
-        raise ProtocolError(f"{what}: the first frame of a connection was not a HELLO")
-    return hello.tag, hello.fingerprint

@@ -31,9 +31,8 @@ from ferrodist.core.kernels import pairwise_opcode, plan
 
 from . import _chunks
 from ._arena import COPIED, GATHERED, Arena
-from ._auth import job_token
 from ._protocol import DEFAULT_TIMEOUT
-from ._rendezvous import Rendezvous, report_bad_start
+from ._rendezvous import Rendezvous
 from ._segment import SegmentGone, create_segment, open_segment
 from ._store import KeyValue
 from ._tcp import TcpTransport
@@ -400,9 +399,10 @@ class ShmTransport(TcpTransport):
         slots: int | None = None,
         rendezvous: KeyValue | None = None,
     ) -> ShmTransport:
-        """``TcpTransport.connect`` (``rendezvous=`` included), then the shared-memory arena:
-        rank 0 creates it, every rank maps it. A rank that cannot (or whose slot sizes differ
-        from rank 0's) makes every rank fail at once with its reason."""
+        """``TcpTransport.connect`` (``rendezvous=`` included; every rank is on this host, so
+        a job without a secret listens on loopback), then the shared-memory arena: rank 0
+        creates it, every rank maps it. A rank that cannot (or whose slot sizes differ from
+        rank 0's) makes every rank fail at once with its reason."""
         chunk = chunk or int(os.environ.get("FERRODIST_SHM_CHUNK", DEFAULT_CHUNK))
         slots = slots or int(os.environ.get("FERRODIST_SHM_SLOTS", DEFAULT_SLOTS))
         if chunk < 64 or chunk % 64 or not 1 <= slots <= 6:
@@ -411,8 +411,15 @@ class ShmTransport(TcpTransport):
                 f"{chunk}, {slots} (FERRODIST_SHM_CHUNK, FERRODIST_SHM_SLOTS)"
             )
             if rendezvous is None and master_addr is not None and master_port is not None:
-                secret = job_token() if token is None else token
-                report_bad_start(rank, world_size, master_addr, master_port, secret, bad)
+                TcpTransport.report_bad_start(
+                    bad,
+                    rank=rank,
+                    world_size=world_size,
+                    master_addr=master_addr,
+                    master_port=master_port,
+                    token=token,
+                    one_host=True,
+                )
             raise bad
         deadline = time.monotonic() + timeout
         self = super().connect(
@@ -424,6 +431,7 @@ class ShmTransport(TcpTransport):
             token=token,
             max_frame_bytes=max_frame_bytes,
             rendezvous=rendezvous,
+            one_host=True,
         )
         assert isinstance(self, ShmTransport)
         what = f"rank {rank}: opening the shared memory of a job of {world_size} ranks"

@@ -1,8 +1,11 @@
 """The rendezvous store: a small key-value server hosted by rank 0, and its client.
 
 Requests and answers are length-prefixed binary records on an authenticated TCP
-connection (see ``_auth``). ``get`` and ``wait`` block on the server until the keys
-exist or the caller's timeout passes, so ranks never poll.
+connection (see ``_auth``; the server runs every handshake at once, see ``_accept``, and
+gives a thread only to a client that holds the token). ``get`` and ``wait`` block on the
+server until the keys exist or the caller's timeout passes, so ranks never poll. A record
+is at most 64 MiB (a store holds addresses and reasons, not data), and a length read from
+the wire is never reserved before its bytes arrive.
 
 Every request of the client has a deadline, the caller's ``timeout``: the server's own
 wait ends a little before it, so that its answer arrives in time, and a store that does
@@ -26,12 +29,13 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Protocol, runtime_checkable
 
 from ferrodist.core import BackendUnavailable, CollectiveTimeout, InvalidArgument, PeerLost, ProtocolError
 
-from ._auth import NotFerrodist, accept_handshake, connect_handshake, job_token
+from ._accept import Gate, Refusals
+from ._auth import NotFerrodist, connect_handshake, job_token
 from ._net import HANDSHAKE_LIMIT, connect_with_retry, listen, recv_exact
 
 __all__ = ["KeyValue", "StoreClient", "StoreServer"]
@@ -67,18 +71,31 @@ def _server_wait(timeout: float) -> float:
 
 
 class StoreServer:
-    """Serves the store on ``host:port`` from background threads until ``close()``."""
+    """Serves the store on ``host:port`` from background threads until ``close()``.
+
+    ``refusals`` counts the connections refused (see ``_accept``); one is made when not given.
+    """
 
     def __init__(
-        self, host: str, port: int, *, token: bytes | None = None, handshake_timeout: float = HANDSHAKE_LIMIT
+        self,
+        host: str,
+        port: int,
+        *,
+        token: bytes | None = None,
+        handshake_timeout: float = HANDSHAKE_LIMIT,
+        refusals: Refusals | None = None,
     ) -> None:
         self._token = job_token() if token is None else token
-        self._handshake_timeout = handshake_timeout
         self._listener = listen(host, port, "rendezvous store (rank 0)")
+        self.refusals = Refusals() if refusals is None else refusals
+        self._gate = Gate(
+            self._listener, self._token, "rendezvous store", self.refusals, hello=False, limit=handshake_timeout
+        )
         #: A random id: clients tell this store from an earlier or later one on the same port.
         self.store_id = secrets.token_hex(8)
         self._identity = f"{self.store_id} {os.getpid()} {socket.gethostname()}".encode()
         self._data: dict[str, bytes] = {}
+        self._watches: dict[str, tuple[Callable[[bytes], None], float]] = {}
         self._cond = threading.Condition()
         self._closed = False
         self._clients: list[socket.socket] = []
@@ -89,31 +106,54 @@ class StoreServer:
     def port(self) -> int:
         return int(self._listener.getsockname()[1])
 
+    @property
+    def address(self) -> str:
+        """The address the store listens on."""
+        return str(self._listener.getsockname()[0])
+
+    def watch(self, key: str, callback: Callable[[bytes], None], *, until: float) -> None:
+        """Call ``callback(value)`` once, when ``key`` is set before ``until`` (``time.monotonic()``):
+        in the thread of the request that sets it, before that request is answered; or at once,
+        in this thread, when it is set already."""
+        with self._cond:
+            value = self._data.get(key)
+            if value is None:
+                self._watches[key] = (callback, until)
+                return
+        callback(value)
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
+            self._watches.clear()
             self._cond.notify_all()
             clients, self._clients = self._clients, []
+        self._gate.wake()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(2.0)
         for sock in clients:
             _shutdown(sock)
         _shutdown(self._listener)
 
     def _accept_loop(self) -> None:
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            with self._cond:
-                if self._closed:
-                    sock.close()
-                    return
-                self._clients.append(sock)
-            threading.Thread(target=self._serve, args=(sock,), name="ferrodist-store-client", daemon=True).start()
+        try:
+            while not self._closed:
+                for sock, _ in self._gate.poll(None):
+                    with self._cond:
+                        if self._closed:
+                            sock.close()
+                            continue
+                        self._clients.append(sock)
+                    threading.Thread(
+                        target=self._serve, args=(sock,), name="ferrodist-store-client", daemon=True
+                    ).start()
+        except (OSError, ValueError):
+            return  # the listener was closed under us
+        finally:
+            self._gate.close()
 
     def _serve(self, sock: socket.socket) -> None:
         try:
-            accept_handshake(sock, self._token, time.monotonic() + self._handshake_timeout, "rendezvous store")
             sock.settimeout(None)
             while True:
                 header = _read(sock, _REQUEST.size)
@@ -121,10 +161,12 @@ class StoreServer:
                     return
                 op, key_len, value_len, timeout = _REQUEST.unpack(header)
                 if key_len > _MAX_RECORD or value_len > _MAX_RECORD:
-                    return  # not a ferrodist client: drop it without allocating
+                    return  # not a ferrodist client: drop it (nothing was reserved for it)
                 key = (_read(sock, key_len) or b"").decode()
                 value = _read(sock, value_len) or b""
-                status, payload = self._handle(op, key, value, timeout)
+                status, payload, fire = self._handle(op, key, value, timeout)
+                if fire is not None:
+                    fire(value)
                 sock.sendall(_ANSWER.pack(status, len(payload)) + payload)
         except Exception:
             return
@@ -134,35 +176,43 @@ class StoreServer:
                     self._clients.remove(sock)
             _shutdown(sock)
 
-    def _handle(self, op: int, key: str, value: bytes, timeout: float) -> tuple[int, bytes]:
+    def _handle(
+        self, op: int, key: str, value: bytes, timeout: float
+    ) -> tuple[int, bytes, Callable[[bytes], None] | None]:
+        """The answer to one request, and the watch it fires (to call outside the lock)."""
         with self._cond:
-            if op == _INFO:
-                return _OK, self._identity
             if op == _SET:
                 self._data[key] = value
                 self._cond.notify_all()
-                return _OK, b""
-            if op == _ADD:
-                total = int(self._data.get(key, b"0")) + int(value)
-                self._data[key] = str(total).encode()
-                self._cond.notify_all()
-                return _OK, str(total).encode()
-            if op == _DELETE:
-                return _OK, b"1" if self._data.pop(key, None) is not None else b"0"
-            keys = key.split("\n") if key else []
-            if op == _CHECK:
-                return _OK, b"1" if all(k in self._data for k in keys) else b"0"
-            if op in (_GET, _WAIT):
-                deadline = time.monotonic() + timeout
-                while not self._closed and not all(k in self._data for k in keys):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return _TIMEOUT, "\n".join(k for k in keys if k not in self._data).encode()
-                    self._cond.wait(left)
-                if self._closed:
-                    return _ERROR, b"the store is shutting down"
-                return _OK, self._data[keys[0]] if op == _GET else b""
-            return _ERROR, f"unknown store request {op}".encode()
+                watch = self._watches.pop(key, None)
+                return _OK, b"", watch[0] if watch is not None and time.monotonic() < watch[1] else None
+            return (*self._answer(op, key, value, timeout), None)
+
+    def _answer(self, op: int, key: str, value: bytes, timeout: float) -> tuple[int, bytes]:
+        """The answer to a request other than ``set`` (the caller holds the lock)."""
+        if op == _INFO:
+            return _OK, self._identity
+        if op == _ADD:
+            total = int(self._data.get(key, b"0")) + int(value)
+            self._data[key] = str(total).encode()
+            self._cond.notify_all()
+            return _OK, str(total).encode()
+        if op == _DELETE:
+            return _OK, b"1" if self._data.pop(key, None) is not None else b"0"
+        keys = key.split("\n") if key else []
+        if op == _CHECK:
+            return _OK, b"1" if all(k in self._data for k in keys) else b"0"
+        if op in (_GET, _WAIT):
+            deadline = time.monotonic() + timeout
+            while not self._closed and not all(k in self._data for k in keys):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return _TIMEOUT, "\n".join(k for k in keys if k not in self._data).encode()
+                self._cond.wait(left)
+            if self._closed:
+                return _ERROR, b"the store is shutting down"
+            return _OK, self._data[keys[0]] if op == _GET else b""
+        return _ERROR, f"unknown store request {op}".encode()
 
 
 class StoreClient:
@@ -358,7 +408,12 @@ class StoreClient:
             sock.sendall(_REQUEST.pack(op, len(key), len(value), wait) + key + value)
             status, length = _ANSWER.unpack(recv_exact(sock, _ANSWER.size, deadline, self._where, 0))
             if length > _MAX_RECORD:
-                raise ProtocolError(f"{self._where}: answered a record of {length} bytes")
+                raise ProtocolError(
+                    f"{self._where} (rank 0) announced a record of {length} bytes, over the store's limit of "
+                    f"{_MAX_RECORD} (nothing was read or reserved for it): what listens there is not a ferrodist "
+                    "store of this version, or the connection is corrupt",
+                    rank=self._rank,
+                )
             payload = recv_exact(sock, length, deadline, self._where, 0) if length else b""
         except TimeoutError:  # CollectiveTimeout from recv_exact, or the send's socket timeout
             raise self._no_answer(limit) from None

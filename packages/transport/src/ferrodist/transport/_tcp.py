@@ -2,11 +2,14 @@
 
 Rendezvous goes through the store on rank 0: each rank listens on a free port, publishes
 ``host:port`` there, connects to every lower rank and accepts every higher one. Every
-connection is authenticated (``_auth``) and then introduced with a HELLO frame.
+connection is authenticated (``_auth``) and then introduced with a HELLO frame. Without a
+secret (no ``FERRODIST_TOKEN``, none from the launcher) a job listens on loopback only, and
+one across hosts is refused.
 
 Each connection has a receiver thread that reads frames as they come: a frame whose
 receive is already posted is read with ``recv_into`` straight into the destination
-buffer; one that arrives first is kept until its receive is posted. Because the peer
+buffer; one that arrives first is kept, in pieces allocated as its bytes come, until its
+receive is posted (a receive posted while it arrives checks its size at once). Because the peer
 always reads, a send never waits for the receiver's code to get to its receive, so the
 sends and receives of a ring step cannot deadlock on full socket buffers. When a peer
 dies, its connection breaks, and every rank waiting on it raises ``PeerLost`` at once.
@@ -15,6 +18,7 @@ dies, its connection breaks, and every rank waiting on it raises ``PeerLost`` at
 from __future__ import annotations
 
 import collections
+import copy
 import os
 import select
 import socket
@@ -25,16 +29,19 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
+from ferrodist.core import AuthenticationFailed, CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
 
 from ._aborts import Aborts, Notice, channel_of, decode_notice, encode_notice
-from ._auth import job_token
+from ._accept import Refusals
+from ._auth import Secret, job_secret, where_to_listen
+from ._env import launch_info
 from ._frames import ABORT, DATA, GOODBYE
-from ._link import DONE, Done, Frame, Link, Pending, Recv
+from ._link import DONE, NOTICE_LIMIT, Arrival, Done, Frame, Link, Pending, Recv
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
+from ._mesh import mesh
 from ._net import local_address
 from ._protocol import DEFAULT_TIMEOUT
-from ._rendezvous import Rendezvous, mesh, open_store, open_store_through, report_bad_start
+from ._rendezvous import Rendezvous, open_store, open_store_through, report_bad_start
 from ._store import KeyValue, StoreClient, StoreServer
 
 __all__ = ["TcpTransport"]
@@ -68,15 +75,15 @@ class TcpTransport:
         self._links: dict[int, Link] = {}
         self._cond = threading.Condition()
         self._posted: dict[tuple[int, int], collections.deque[Pending]] = collections.defaultdict(collections.deque)
-        self._unexpected: dict[tuple[int, int], collections.deque[tuple[bytearray, int]]] = collections.defaultdict(
-            collections.deque
-        )
+        self._unexpected: dict[tuple[int, int], collections.deque[Arrival]] = collections.defaultdict(collections.deque)
         self._lost: dict[int, FerrodistError] = {}
         self._aborts = Aborts()
         self._closing = False
         self._barriers = 0
         self._store: StoreClient | None = None
         self._server: StoreServer | None = None
+        self._refusals = Refusals()  # connections from outside the job that this rank's ports refused
+        self._leaving: FerrodistError | None = None  # why this rank leaves (its start failed), for its goodbyes
 
     # -- rendezvous ---------------------------------------------------------------------------
     @classmethod
@@ -91,6 +98,7 @@ class TcpTransport:
         token: bytes | None = None,
         max_frame_bytes: int | None = None,
         rendezvous: KeyValue | None = None,
+        one_host: bool | None = None,
     ) -> TcpTransport:
         """Join the job: rank 0 hosts the store on ``master_addr:master_port``, every rank
         registers there and publishes its own listening address, and the ranks connect
@@ -105,19 +113,26 @@ class TcpTransport:
         not used, and ``master_addr``, when given, only picks the network interface (the
         one that routes to it; default: this host's name).
 
+        The job's secret is ``token``, else ``FERRODIST_TOKEN``, else one the launcher
+        shares (see ``_auth.launcher_secret``: SLURM, mpiexec with mpi4py). Without any, the
+        job listens on loopback only: ``one_host`` (default: the launcher's
+        ``LOCAL_WORLD_SIZE == WORLD_SIZE``) says every rank runs on this host, and a job that
+        may span hosts is refused.
+
         Example (each rank of a job that has a torch store)::
 
             t = TcpTransport.connect(rank=r, world_size=2, rendezvous=torch_store, master_addr="10.0.0.1")
 
         Raises:
             InvalidArgument: this rank's ``rank`` or ``world_size`` is wrong, or contradicts
-                another rank's (the same error on every rank).
+                another rank's (the same error on every rank); or the job has no secret and
+                may span hosts.
             BackendUnavailable: rank 0 cannot listen on the master port (say, it is in
                 use), or what listens there is not this job's store.
-            CollectiveTimeout: a rank did not show up within ``timeout``; names it.
-            AuthenticationFailed: a peer (or the store) does not hold this job's token.
+            CollectiveTimeout: a rank did not show up within ``timeout``; names it (and the
+                connections from outside the job that were refused meanwhile, if any).
+            AuthenticationFailed: a peer (or the store) does not hold this job's secret.
         """
-        secret = job_token() if token is None else token
         deadline = time.monotonic() + timeout
         where = _where(rank, master_addr, master_port, rendezvous)
         if not isinstance(world_size, int) or world_size < 1 or not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -127,26 +142,46 @@ class TcpTransport:
                 "a RANK below it"
             )
             if rendezvous is None and master_addr is not None and master_port is not None:
-                report_bad_start(rank, world_size, master_addr, master_port, secret, bad)
+                _report(bad, rank, world_size, master_addr, master_port, token, one_host)
             raise bad
+        what = f"rank {rank}: joining a job of {world_size} ranks through {where}"
+        secret = job_secret(token, rank, world_size, launcher=rendezvous is None, deadline=deadline)
+        host = local_address(master_addr or socket.gethostname())
+        if rendezvous is None:
+            assert master_addr is not None and master_port is not None  # checked by _where
+            master_addr, host = where_to_listen(
+                secret, master_addr, host, one_host=one_host, rank=rank, world_size=world_size, what=what
+            )
         limit = max_frame_bytes or int(os.environ.get("FERRODIST_MAX_FRAME_BYTES", _DEFAULT_MAX_FRAME))
         self = cls(rank, world_size, timeout=timeout, max_frame_bytes=limit)
-        what = f"rank {rank}: joining a job of {world_size} ranks through {where}"
-        host = local_address(master_addr or socket.gethostname())
         rdv: Rendezvous | None = None
+        key = secret.key
         try:
             if rendezvous is not None:
-                self._store, self._server, secret = open_store_through(rendezvous, rank, host, secret, deadline, what)
+                self._store, self._server, key = open_store_through(
+                    rendezvous, rank, host, key, deadline, what, self._refusals
+                )
             else:
-                assert master_addr is not None and master_port is not None  # checked by _where
-                self._store, self._server = open_store(rank, master_addr, master_port, secret, deadline, what)
-            rdv = Rendezvous(self._store, rank, world_size, deadline, what)
+                assert master_addr is not None and master_port is not None
+                self._store, self._server = open_store(
+                    rank, master_addr, master_port, key, deadline, what, self._refusals
+                )
+            rdv = Rendezvous(self._store, rank, world_size, deadline, what, self._refusals)
             rdv.join()
-            for peer, sock in mesh(rdv, host, secret):
+            for peer, sock in mesh(rdv, host, key, self._refusals):
                 self._add_link(peer, sock)
-        except BaseException:
+            rdv.finish(self._server, self._stop)
+            stopped = self._lost.get(rank)
+            if stopped is not None:  # an abort came while rank 0 marked the job started
+                raise stopped
+        except FerrodistError as exc:
+            error = _noted(exc, rdv, secret)
+            self._leaving = error
             if rdv is not None and rdv.aborted and self._server is not None:
                 rdv.linger()  # the others read the reason from this store: keep it up until they have
+            self.close()
+            raise error from None
+        except BaseException:
             self.close()
             raise
         for link in self._links.values():
@@ -162,12 +197,14 @@ class TcpTransport:
         master_addr: str,
         master_port: int,
         token: bytes | None = None,
+        one_host: bool | None = None,
     ) -> None:
         """This process cannot join the job starting at ``master_addr:master_port`` (its
         ``rank`` or ``world_size`` is wrong, say): tell the ranks waiting for it why
         (``error``), so that they fail now with that reason instead of at their timeout.
-        Best effort, a few seconds at most; the caller raises ``error`` afterwards."""
-        report_bad_start(rank, world_size, master_addr, master_port, job_token() if token is None else token, error)
+        Best effort, a few seconds at most; the caller raises ``error`` afterwards.
+        ``token`` and ``one_host`` as for ``connect``."""
+        _report(error, rank, world_size, master_addr, master_port, token, one_host)
 
     def _add_link(self, peer: int, sock: socket.socket) -> None:
         self._links[peer] = Link(self, peer, sock)
@@ -211,14 +248,19 @@ class TcpTransport:
                 del self._posted[key]
             if pending is not None:
                 pending.claimed = True
+            else:  # kept until its receive is posted: pieces are allocated as its bytes come
+                arrival = Arrival(tag, fingerprint, length)
+                self._unexpected[key].append(arrival)
+        frame = Frame(tag, fingerprint, pending, None)
         if pending is None:
-            frame = Frame(tag, fingerprint, None, None)
-            frame.payload = bytearray(length)
-            frame.piece = memoryview(frame.payload)
+            frame.arrival = arrival
+            frame.left = length
+            frame.next_piece()
             return frame
-        error = check_match(self._rank, link.peer, tag, pending.buf.nbytes, pending.fingerprint, length, fingerprint)
-        frame = Frame(tag, fingerprint, pending, error)
-        if error is None:
+        frame.error = check_match(
+            self._rank, link.peer, tag, pending.buf.nbytes, pending.fingerprint, length, fingerprint
+        )
+        if frame.error is None:
             frame.piece = memoryview(pending.buf).cast("B")  # type: ignore[arg-type]
         else:
             frame.left = length
@@ -234,32 +276,33 @@ class TcpTransport:
         if frame.kind == GOODBYE:
             link._end(_departure(self._rank, link.peer, bytes(frame.payload or b"")))
             return
-        if frame.payload is None and frame.pending is None:
-            return  # a dropped frame of an aborted channel
+        arrival = frame.arrival
+        if arrival is not None:
+            with self._cond:
+                arrival.done = True
+                if arrival.taker is not None:  # its receive was posted while the bytes were arriving
+                    self._fill(arrival.taker, link.peer, arrival)
+                    self._cond.notify_all()
+            return
         pending = frame.pending
+        if pending is None:
+            return  # a dropped frame of an aborted channel
         with self._cond:
-            if pending is not None:
-                pending.error = frame.error
-                pending.done = True
-                self._cond.notify_all()
-                return
-            key = (link.peer, frame.tag)
-            payload = frame.payload if frame.payload is not None else bytearray()
-            queue = self._posted.get(key)
-            if queue:  # its receive was posted while the bytes were arriving
-                self._fill(queue.popleft(), link.peer, payload, frame.fingerprint)
-                if not queue:
-                    del self._posted[key]
-                self._cond.notify_all()
-            else:
-                self._unexpected[key].append((payload, frame.fingerprint))
+            pending.error = frame.error
+            pending.done = True
+            self._cond.notify_all()
 
-    def _fill(self, pending: Pending, src: int, payload: bytearray, fingerprint: int) -> None:
+    def _fill(self, pending: Pending, src: int, arrival: Arrival) -> None:
+        """Finish ``pending`` with the whole message ``arrival`` (or with why it does not fit)."""
         pending.error = check_match(
-            self._rank, src, pending.tag, pending.buf.nbytes, pending.fingerprint, len(payload), fingerprint
+            self._rank, src, pending.tag, pending.buf.nbytes, pending.fingerprint, arrival.length, arrival.fingerprint
         )
-        if pending.error is None and payload:
-            pending.buf[...] = np.frombuffer(payload, np.uint8)
+        if pending.error is None:
+            offset = 0
+            for piece in arrival.pieces:
+                pending.buf[offset : offset + len(piece)] = np.frombuffer(piece, np.uint8)
+                offset += len(piece)
+        arrival.pieces = []
         pending.done = True
 
     def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> Recv:
@@ -274,9 +317,20 @@ class TcpTransport:
                 return Recv(self, pending, src)
             arrived = self._unexpected.get(key)
             if arrived:
-                self._fill(pending, src, *arrived.popleft())
+                arrival = arrived.popleft()
                 if not arrived:
                     del self._unexpected[key]
+                if arrival.done:
+                    self._fill(pending, src, arrival)
+                else:  # still arriving: its header says at once whether it fits
+                    pending.error = check_match(
+                        self._rank, src, tag, pending.buf.nbytes, fingerprint, arrival.length, arrival.fingerprint
+                    )
+                    if pending.error is None:
+                        arrival.taker, pending.claimed = pending, True
+                    else:
+                        arrival.drop()  # read to its end through a scratch buffer, then forgotten
+                        pending.done = True
             else:
                 self._posted[key].append(pending)
         return Recv(self, pending, src)
@@ -297,7 +351,7 @@ class TcpTransport:
         with self._cond:
             while not pending.done:
                 # an abort came before the departure that followed it: report the abort
-                lost = self._aborts.error(channel) or self._lost.get(src) or self._lost.get(self._rank)
+                lost = self._aborts.error(channel) or self._lost.get(self._rank) or self._lost.get(src)
                 if lost is not None and not pending.claimed:
                     self._withdraw(pending, src)
                     raise _fresh(lost, f"rank {self._rank} was waiting for a message from rank {src}")
@@ -327,9 +381,11 @@ class TcpTransport:
         the receive that ``frame`` was filling fails with ``error``."""
         with self._cond:
             self._lost.setdefault(peer, error)
-            if frame is not None and frame.pending is not None:
-                frame.pending.error = error
-                frame.pending.done = True
+            if frame is not None:  # the receive it was filling, or that took the message it was keeping
+                taker = frame.pending if frame.arrival is None else frame.arrival.taker
+                if taker is not None:
+                    taker.error = error
+                    taker.done = True
             self._cond.notify_all()
 
     # -- sending -------------------------------------------------------------------------------
@@ -337,7 +393,7 @@ class TcpTransport:
         dst = check_peer(self._rank, self._world_size, dst, "send")
         tag = check_tag(tag, "send")
         payload = as_bytes(buf, "send")
-        lost = self._aborts.error(channel_of(tag)) or self._lost.get(dst) or self._lost.get(self._rank)
+        lost = self._aborts.error(channel_of(tag)) or self._lost.get(self._rank) or self._lost.get(dst)
         if lost is not None:
             raise _fresh(lost, f"rank {self._rank} cannot send to rank {dst}")
         link = self._links[dst]
@@ -448,7 +504,7 @@ class TcpTransport:
         self._abort_here(channel, error)
         if not self._aborts.notify_once(channel):
             return
-        notice = np.frombuffer(encode_notice(seq, error, self._rank, earlier), np.uint8)
+        notice = _notice(seq, error, self._rank, earlier)
         for peer in peers:
             link = self._links.get(peer)
             if link is None or link.ended or peer in self._lost:
@@ -484,7 +540,8 @@ class TcpTransport:
         assert first is not None
         with self._cond:
             for key in [key for key in self._unexpected if channel_of(key[1]) == channel]:
-                del self._unexpected[key]
+                for arrival in self._unexpected.pop(key):
+                    arrival.drop()
             for key in [key for key in self._posted if channel_of(key[1]) == channel]:
                 for pending in self._posted.pop(key):
                     pending.error, pending.done = _fresh(first, f"rank {self._rank}: receive from rank {key[0]}"), True
@@ -506,16 +563,38 @@ class TcpTransport:
             request.wait(max(0.001, deadline - time.monotonic()))
             distance <<= 1
 
+    def _stop(self, error: FerrodistError) -> None:
+        """Stop this rank's part of the job with ``error`` (rank 0, when an abort comes just
+        after the start, see ``_rendezvous``): every later call here raises it, and every peer
+        gets a goodbye that carries it. The connections stay up until ``close``."""
+        with self._cond:
+            if self._closing or self._rank in self._lost:
+                return
+        self._lose(self._rank, error)
+        why = _notice(-1, error, self._rank)
+        for link in list(self._links.values()):
+            if link.peer not in self._lost and not link.farewell:
+                try:
+                    link.send(GOODBYE, 0, 0, why, _NOTICE_SEND)
+                    link.farewell = True
+                except (OSError, TimeoutError):
+                    pass
+
     def close(self) -> None:
         """Say goodbye to every peer and close the connections (and the store on rank 0). Idempotent."""
         if self._closing:
             return
         self._closing = True
-        cause = self._aborts.first() or next((e for p, e in self._lost.items() if p != self._rank), None)
-        why = None if cause is None else np.frombuffer(encode_notice(-1, cause, self._rank), np.uint8)
+        cause = (
+            self._leaving
+            or self._aborts.first()
+            or self._lost.get(self._rank)
+            or next((e for p, e in self._lost.items() if p != self._rank), None)
+        )
+        why = None if cause is None else _notice(-1, cause, self._rank)
         for link in list(self._links.values()):
             try:
-                if link.peer not in self._lost:
+                if link.peer not in self._lost and not link.farewell:
                     link.send(GOODBYE, 0, 0, why, 1.0)  # with the failure that makes this rank leave
                 link.sock.shutdown(socket.SHUT_RDWR)  # the goodbye still goes out; our reader wakes up
             except (OSError, TimeoutError):
@@ -569,6 +648,59 @@ def _departure(rank: int, peer: int, why: bytes) -> PeerLost:
         peer=culprit,
         rank=rank,
     )
+
+
+def _report(
+    error: FerrodistError,
+    rank: object,
+    world_size: object,
+    master_addr: str,
+    master_port: int,
+    token: bytes | None,
+    one_host: bool | None,
+) -> None:
+    """``report_bad_start`` with the job's secret and master address as ``connect`` finds them
+    (but no MPI broadcast: this process will not be in the one the others make)."""
+    try:
+        secret = job_secret(token, -1, -1, launcher=True, deadline=time.monotonic() + 1.0)
+        if one_host is None:
+            try:
+                info = launch_info()
+            except InvalidArgument:  # this process's own variables are what is wrong
+                info = None
+            one_host = info is not None and info.single_host
+        master_addr, _ = where_to_listen(
+            secret, master_addr, local_address(master_addr), one_host=one_host, rank=-1, world_size=-1, what=""
+        )
+    except FerrodistError:
+        return  # nothing to report to: without a secret, the others refuse to start across hosts
+    report_bad_start(rank, world_size, master_addr, master_port, secret.key, error)
+
+
+def _notice(seq: int, error: FerrodistError, origin: int, earlier: FerrodistError | None = None) -> np.ndarray:
+    """An abort notice or a goodbye's reason, as bytes to send: cut to fit ``NOTICE_LIMIT``
+    (a receiver refuses longer ones) when its message or its list of ranks is very long."""
+    data = encode_notice(seq, error, origin, earlier)
+    if len(data) > NOTICE_LIMIT:
+        short = copy.copy(error)
+        short.args = (error.message[: 16 << 10] + " [...]",)
+        if len(getattr(short, "waiting_for", ())) > 1024:
+            short.waiting_for = short.waiting_for[:1024]  # type: ignore[attr-defined]
+        data = encode_notice(seq, short, origin)
+    return np.frombuffer(data, np.uint8)
+
+
+def _noted(error: FerrodistError, rdv: Rendezvous | None, secret: Secret) -> FerrodistError:
+    """A start's ``error``, with what it may have to do with: connections from outside the
+    job that were refused meanwhile, and where this rank's secret came from."""
+    note = rdv.outside() if rdv is not None and not rdv.aborted else ""
+    if isinstance(error, AuthenticationFailed) and secret.source not in ("", "FERRODIST_TOKEN", "the token given"):
+        note += f" (this rank's secret: {secret.source})"
+    if not note:
+        return error
+    noted = copy.copy(error)
+    noted.args = (error.message + note,)
+    return noted
 
 
 def _fresh(error: FerrodistError, context: str) -> FerrodistError:
