@@ -7,8 +7,9 @@ kind on the world group or on subgroups (in one thread, or a thread per group), 
 ``async_op=True`` and in flight together, of 1 to 300000 elements (several
 shared-memory chunks), and one fault: none, SIGKILL of
 a rank (before or in the middle of a call), SIGSTOP past the deadline, SIGSTOP well
-under it, an exception in a rank's own code, a delay under the deadline, or (by hand) a
-second process started as the same rank.
+under it, an exception in a rank's own code, a delay under the deadline, a stranger
+(connections to every port of the job that stay silent or speak something else, during
+the start), or (by hand) a second process started as the same rank.
 
 ``run_schedule`` runs it (scripts/chaos.py on every rank) and returns the violations of
 the invariant, checked on every rank:
@@ -20,10 +21,13 @@ the invariant, checked on every rank:
   call of a group raised on some rank, every member that returned that very call (with
   the right result) raises at its next call on the group, and a rank that raised on a
   group raises on every later call there (the group stays aborted);
-- with no fault, or one that stays under the deadline, every call returns;
+- with no fault, one that stays under the deadline, or a stranger, every call returns;
 - after a kill, a long stop or an exception, the first error of every other rank that
   saw one names the faulty rank;
-- a duplicate rank is refused with an ``InvalidArgument`` saying so, within 15 s;
+- a second process started as one of the ranks stops every process of the job (it comes
+  within seconds of the start), each with an error naming the two processes: the second
+  one and every rank still starting within 15 s, a rank that had started at its
+  warm-up or its next call;
 - no process outlives the job, and no ``/dev/shm/ferrodist-*`` file is left.
 """
 
@@ -48,7 +52,7 @@ SLACK = 1.0
 TIMEOUT = 2.0
 #: Seconds a whole schedule may take before it counts as a hang.
 JOB_LIMIT = 90.0
-FAULTS = ("none", "none", "kill", "kill", "stop", "stop-short", "raise", "delay", "duplicate")
+FAULTS = ("none", "none", "kill", "kill", "stop", "stop-short", "raise", "delay", "stranger", "duplicate")
 #: Seconds within which every process of a bad start (a duplicate rank) must have given up.
 BAD_START_LIMIT = 15.0
 
@@ -162,32 +166,54 @@ def run_schedule(schedule: dict[str, Any], outdir: Path) -> list[str]:
     return violations
 
 
-def check_start(schedule: dict[str, Any], outdir: Path) -> list[str]:
-    """A duplicate rank: the processes that could not start must have said why, in time."""
+def check_duplicate(schedule: dict[str, Any], outdir: Path) -> tuple[list[str], set[int]]:
+    """A second process started as one of the ranks: every process of the job must stop
+    saying so (see the module docstring). Returns the violations and the ranks that stopped
+    before their calls (their logs are not checked)."""
     seed, violations = schedule["seed"], []
+    duplicated = schedule["fault"]["rank"]
+    said = f"two processes were started as rank {duplicated} ("
     starts = [json.loads(p.read_text()) for p in outdir.glob("start-*.json")]
-    if not starts:
-        violations.append(f"seed {seed}: a rank was started twice and no process refused to start")
     for start in starts:
-        if start["cls"] != "InvalidArgument" or "two processes were started as rank" not in start["message"]:
-            violations.append(f"seed {seed}: a bad start gave {start['cls']}: {start['message']}")
-        if start["seconds"] > BAD_START_LIMIT:
+        if said not in start["message"]:
+            violations.append(f"seed {seed}: a process stopped with {start['cls']}: {start['message']}")
+        elif start["cls"] == "InvalidArgument" and start["seconds"] > BAD_START_LIMIT:
             violations.append(f"seed {seed}: a bad start took {start['seconds']:.1f} s to be refused")
-    return violations
+    stopped = {int(start["rank"]) for start in starts}
+    told = len(starts)
+    for rank in set(range(schedule["ranks"])) - stopped:
+        log = outdir / f"rank{rank}.jsonl"
+        entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+        errors = sorted((e for e in entries if e["outcome"] == "error"), key=lambda e: e["i"])
+        if errors and said in errors[0]["message"]:
+            told += 1
+        else:
+            first = errors[0]["message"] if errors else "none: it ran on"
+            violations.append(f"seed {seed}: rank {rank} did not stop for the second rank {duplicated}: {first}")
+    if told != schedule["ranks"] + 1:
+        violations.append(
+            f"seed {seed}: {told} of the job's {schedule['ranks'] + 1} processes said that rank {duplicated} was "
+            "started twice"
+        )
+    return violations, stopped
 
 
 def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
     seed, fault, timeout = schedule["seed"], schedule["fault"], schedule["timeout"]
-    harmless = fault["kind"] in ("none", "stop-short", "delay", "duplicate")
-    victim = None if harmless else fault["rank"]
+    harmless = fault["kind"] in ("none", "stop-short", "delay", "stranger")
+    victim = None if harmless or fault["kind"] == "duplicate" else fault["rank"]
     violations = []
-    ranks = range(schedule["ranks"])
+    ranks: list[int] = list(range(schedule["ranks"]))
     logs: dict[int, list[dict[str, Any]]] = {}
-    if fault["kind"] == "duplicate":
-        # The extra process must be refused, with the reason; the job either stops the
-        # same way on every rank, or (the duplicate came after it had started) runs on.
-        violations += check_start(schedule, outdir)
-        ranks = [r for r in ranks if (outdir / f"rank{r}.jsonl").exists()]
+    if fault["kind"] == "duplicate":  # every process stops, saying why (checked here; the calls below)
+        found, stopped = check_duplicate(schedule, outdir)
+        violations += found
+        ranks = [r for r in ranks if r not in stopped]
+    elif any(outdir.glob("start-*.json")):
+        starts = [json.loads(p.read_text()) for p in outdir.glob("start-*.json")]
+        violations += [
+            f"seed {seed}: rank {s['rank']} stopped before its calls: {s['cls']}: {s['message']}" for s in starts
+        ]
     for rank in ranks:
         log = outdir / f"rank{rank}.jsonl"
         entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []

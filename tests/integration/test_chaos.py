@@ -37,3 +37,19 @@ def test_random_faults_never_give_a_wrong_result_or_a_late_error(tmp_path):
         f"{len(violations)} violations; by fault/backend/launch: {dict(sorted(kinds.items()))}"
     )
     assert not violations, "\n".join(violations)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["stranger", "duplicate"])
+def test_processes_outside_the_job_or_a_second_rank_during_the_start(tmp_path, kind):
+    """Schedules with the fault ``kind`` in each backend, however the random draw goes: a
+    stranger's connections to every port during the start (the job starts and every call
+    returns), or a second process with one of the ranks (every process stops, saying so)."""
+    violations: list[str] = []
+    for seed, backend in ((FIRST_SEED + 1000, "tcp"), (FIRST_SEED + 1001, "shm")):
+        schedule = make_schedule(seed)
+        schedule["fault"]["kind"] = kind
+        schedule["backend"] = backend
+        schedule["launch"] = "hand" if kind == "duplicate" else schedule["launch"]
+        violations += run_schedule(schedule, tmp_path / f"s{seed}")
+    assert not violations, "\n".join(violations)

@@ -7,7 +7,13 @@ size, root, async) and the fault (which rank, at which call, what). Every rank r
 same calls; values are a function of (seed, call, rank), so each rank knows every
 result. For each call it appends one JSON line to OUTDIR/rank{R}.jsonl: ``ok`` (the
 result was checked against numpy), ``wrong`` (it was not what numpy says), or ``error``
-(the class, message and seconds from issue to raise).
+(the class, message and seconds from issue to raise). A process that fails before its
+calls (its start, making the groups, the warm-up) writes OUTDIR/start-{pid}.json.
+
+The ``stranger`` fault is a thread of the faulty rank that plays a process outside the
+job during the start: as soon as the ranks publish their ports in the store, it opens
+connections to each of them (and to the store) that stay silent, or send bytes that are
+not ferrodist, and holds them open until the process exits.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +33,10 @@ import numpy as np
 
 import ferrodist.collectives as dist
 from ferrodist.core import FerrodistError
+from ferrodist.transport import StoreClient
+
+#: What the stranger sends on its talkative connections (an HTTP request: not ferrodist).
+GARBAGE = b"GET / HTTP/1.0\r\n\r\n"
 
 
 def values(seed: int, i: int, rank: int, n: int, dtype: str) -> np.ndarray:
@@ -187,7 +198,7 @@ class Rank:
         blamed = list(getattr(exc, "waiting_for", ()))
         if getattr(exc, "peer", None) is not None:
             blamed.append(exc.peer)  # type: ignore[attr-defined]
-        self.record(i, call, "error", started, cls=type(exc).__name__, message=str(exc)[:600], blamed=blamed)
+        self.record(i, call, "error", started, cls=type(exc).__name__, message=str(exc)[:2000], blamed=blamed)
 
     def verify(self, i: int, call: dict[str, Any], check: Any, started: float) -> None:
         if check is not None:
@@ -198,19 +209,58 @@ class Rank:
         self.record(i, call, "ok", started)
 
 
+def stranger(spec: dict[str, Any], kept: list[socket.socket]) -> None:
+    """Connections to every port of the starting job that never speak ferrodist (see the
+    module docstring). It learns the ports from the store, as any process of an open job
+    could, or one that scans the host."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    try:
+        store = StoreClient(host, port, timeout=spec["timeout"] + 5)
+    except (FerrodistError, OSError):
+        return
+    targets = [(host, port)]
+    try:
+        for peer in range(int(os.environ["WORLD_SIZE"])):
+            address = store.get(f"ferrodist/addr/{peer}", timeout=spec["timeout"] + 5).decode()
+            peer_host, _, peer_port = address.rpartition(":")
+            targets.append((peer_host, int(peer_port)))
+    except FerrodistError:
+        pass
+    finally:
+        store.close()
+    for target in targets:
+        for talk in (b"", b"", b"", GARBAGE):
+            try:
+                sock = socket.create_connection(target, timeout=2)
+                if talk:
+                    sock.sendall(talk)
+                kept.append(sock)
+            except OSError:
+                pass
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     outdir = Path(sys.argv[2])
     started = time.monotonic()
+    fault = spec["fault"]
+    kept: list[socket.socket] = []
+    if fault["kind"] == "stranger" and fault["rank"] == int(os.environ["RANK"]):
+        threading.Thread(target=stranger, args=(spec, kept), daemon=True).start()
     try:
         dist.init_process_group(spec["backend"], timeout=spec["timeout"])
-    except FerrodistError as exc:  # a bad start: every process must say why, quickly
-        record = {"cls": type(exc).__name__, "message": str(exc)[:600], "seconds": time.monotonic() - started}
+        (outdir / f"pid{dist.get_rank()}").write_text(str(os.getpid()))
+        rank = Rank(spec, outdir)
+        rank.warm_up()
+    except FerrodistError as exc:  # a bad start (or a job stopped just after it): every process must say why
+        record = {
+            "cls": type(exc).__name__,
+            "message": str(exc)[:2000],
+            "seconds": time.monotonic() - started,
+            "rank": int(os.environ["RANK"]),
+        }
         (outdir / f"start-{os.getpid()}.json").write_text(json.dumps(record))
         sys.exit(1)
-    (outdir / f"pid{dist.get_rank()}").write_text(str(os.getpid()))
-    rank = Rank(spec, outdir)
-    rank.warm_up()
     rank.run()
     dist.destroy_process_group()
 
