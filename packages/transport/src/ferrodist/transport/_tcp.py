@@ -644,7 +644,7 @@ def _departure(rank: int, peer: int, why: bytes) -> PeerLost:
     waited = getattr(cause, "waiting_for", ())
     culprit = named if named is not None and named != peer else (waited[0] if waited else peer)
     return PeerLost(
-        f"rank {peer} closed its transport after a failure there: {cause.notice}",  # type: ignore[attr-defined]
+        f"rank {peer} closed its transport after a failure there: {cause.notice}",
         peer=culprit,
         rank=rank,
     )
