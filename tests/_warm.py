@@ -17,8 +17,10 @@ import numpy as np
 
 
 def reducers(counts: tuple[int, ...]) -> None:
-    """Every (dtype, op) kernel for ``counts`` sources, into a separate array and in place."""
+    """Every (dtype, op) kernel for ``counts`` sources, into a separate array and in place
+    (a call queues the compile on ferrodist's background thread; wait for them all)."""
     from ferrodist.core import ALL_DTYPES, ReduceOp, reducer
+    from ferrodist.core.kernels import wait_for_compiles
 
     for k in counts:
         for dt in ALL_DTYPES:
@@ -28,6 +30,7 @@ def reducers(counts: tuple[int, ...]) -> None:
                 divisor = float(k) if op is ReduceOp.AVG else 1.0
                 fold(np.zeros(4, dt.numpy), srcs, divisor)
                 fold(srcs[0], srcs, divisor)
+    wait_for_compiles()
 
 
 def pipelines() -> None:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from ferrodist.core import ReduceOp, reduce_many
+from ferrodist.core.kernels import wait_for_compiles
 
 Array = np.ndarray[Any, Any]
 
@@ -70,12 +71,14 @@ def run_pair(
     srcs: Sequence[Array],
     rtol: float,
 ) -> None:
-    """Check the timed side against the other once (this also warms the JIT), then time it."""
+    """Check the timed side against the other once (this also warms the JIT: a first call
+    queues the kernel's compile on the background thread, waited for here), then time it."""
     timed, other = (fused_sum, chained_add) if role == "ferrodist" else (chained_add, fused_sum)
     dst = np.empty_like(srcs[0])
     expected = np.empty_like(srcs[0])
     timed(dst, srcs)
     other(expected, srcs)
+    wait_for_compiles()
     np.testing.assert_allclose(dst.astype(np.float32), expected.astype(np.float32), rtol=rtol, atol=0)
     del expected
 

@@ -12,6 +12,7 @@ import functools
 import gc
 import hashlib
 import os
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,10 +54,44 @@ def _quietly(compile: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     ``combine`` into a loop trips one of its internal pedantic checks ("variable ... is not
     in scope ... please report this bug"), about a hundred lines per rank on the first
     bfloat16 all_reduce over shared memory, for code whose results the tests check bit for
-    bit. Other warnings pass."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NumbaIRAssumptionWarning)
+    bit. Other warnings pass, and other threads' compiles warn as usual.
+
+    ``warnings.catch_warnings`` would swap the process's filters, and a compile on the
+    background thread (``_background``) would then undo the filters another thread set
+    meanwhile (a test's ``pytest.warns``); instead the one module that issues the warning
+    (``numba.core.ssa``) gets a ``warnings`` that drops it while this thread compiles."""
+    from numba.core import ssa  # imported here: a module Numba itself loads when it compiles
+
+    if not isinstance(ssa.warnings, _SsaWarnings):
+        ssa.warnings = _SsaWarnings()  # type: ignore[assignment]
+    depth = _compiling.depth
+    _compiling.depth = depth + 1
+    try:
         return compile(*args, **kwargs)
+    finally:
+        _compiling.depth = depth
+
+
+class _Depth(threading.local):
+    """How deep this thread is in compiles of ferrodist's functions."""
+
+    depth = 0
+
+
+_compiling = _Depth()
+
+
+class _SsaWarnings:
+    """``warnings`` for ``numba.core.ssa``: drops ``NumbaIRAssumptionWarning`` in a thread
+    that compiles one of ferrodist's functions, passes everything else on."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(warnings, name)
+
+    def warn(self, message: Any, category: Any = None, stacklevel: int = 1, source: Any = None, **more: Any) -> None:
+        if isinstance(message, NumbaIRAssumptionWarning) and _compiling.depth:
+            return
+        warnings.warn(message, category, stacklevel + 1, source, **more)
 
 
 @contextlib.contextmanager

@@ -101,24 +101,39 @@ def reducer(dt: DType, op: ReduceOp) -> Reducer:
     of its own; a later one, or a partial overlap, goes through a temporary). ``divisor`` divides the combined value before its rounding (pass ``1.0``
     except for AVG; integer kernels ignore it). AVG combines as SUM: the caller chooses the
     divisor (the number of ranks). The caller has checked the op with ``check_op``.
+
+    A call never compiles: the first call with new array types (dtype, layout, number of
+    sources) queues the kernel's compile on the background thread and folds with numpy
+    (``_interpreted``, the same bits) until the kernel is ready.
     """
+    from . import _interpreted
+    from ._background import NotCompiled, background, prepare
     from ._kernels import fold_kernel
 
     kind, view, opcode = plan(dt, op)
     floating = dt.is_floating
+    fronts: dict[tuple[bool, int], Any] = {}
 
-    def kernel(divisor: float, position: int) -> Any:
-        return fold_kernel(kind, opcode, floating and divisor != 1.0, position)
+    def apply(dst: Array, srcs: tuple[Array, ...], divisor: float, position: int) -> None:
+        divide = floating and divisor != 1.0
+        front = fronts.get((divide, position))
+        if front is None:
+            front = fronts[(divide, position)] = background(fold_kernel(kind, opcode, divide, position))
+        try:
+            front(dst, srcs, divisor)
+        except NotCompiled as missing:  # compiling in the background: numpy meanwhile, the same bits
+            prepare([(missing.front, missing.types)])
+            _interpreted.fold(kind, opcode, divide, dst, srcs, divisor)
 
     def fold(dst: Array, srcs: Sequence[Array], divisor: float) -> None:
         """At most MAX_FUSED_SOURCES sources."""
         position = _position(dst, srcs)
         if position == -2 or position > 1:  # rare: not worth a compiled variant of its own
             tmp = np.empty_like(dst)
-            kernel(divisor, -1)(tmp, tuple(srcs), divisor)
+            apply(tmp, tuple(srcs), divisor, -1)
             dst[...] = tmp
             return
-        kernel(divisor, position)(dst, tuple(srcs), divisor)
+        apply(dst, tuple(srcs), divisor, position)
 
     def run(dst: Array, srcs: Sequence[Array], divisor: float) -> None:
         if view is not None:

@@ -10,6 +10,10 @@
   the destination); :func:`plan`: which kind, view and opcode a (dtype, op) folds with.
 - :func:`copy_into`, :func:`load_acquire`, :func:`store_release`: a ``memcpy`` of one array
   into another, and atomic word accesses for memory shared between processes.
+- :func:`background`, :func:`prepare`, :class:`NotCompiled`, :func:`wait_for_compiles`: call a
+  kernel from Python without ever compiling in the caller's thread; the compile runs on a
+  background thread while the caller runs an interpreted path, such as :func:`fold_numpy`
+  (what :func:`fold_kernel` computes, in numpy, the same bits).
 
 Example:
     >>> import numpy as np
@@ -21,6 +25,8 @@ Example:
     array([3., 3., 3.])
 """
 
+from ._background import NotCompiled, Ticket, background, prepare, wait_for_compiles
+from ._interpreted import fold as fold_numpy
 from ._jit import copy_into, jit, load_acquire, store_release
 from ._kernels import (
     AVG,
@@ -52,18 +58,24 @@ __all__ = [
     "MAX",
     "MAX_FUSED_SOURCES",
     "MIN",
+    "NotCompiled",
     "PLAIN",
     "PRODUCT",
     "SUM",
+    "Ticket",
+    "background",
     "combine",
     "copy_into",
     "finish",
     "fold_kernel",
+    "fold_numpy",
     "jit",
     "load",
     "load_acquire",
     "pairwise_opcode",
     "plan",
+    "prepare",
     "store",
     "store_release",
+    "wait_for_compiles",
 ]

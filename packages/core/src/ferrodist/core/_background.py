@@ -1,0 +1,244 @@
+"""Kernels called from Python never compile in the caller's thread.
+
+Numba compiles a function for new argument types when it is first called with them, in
+the calling thread: 1-7 s per shared-memory pipeline and dtype on a 2-core machine. Inside
+a collective that counted against the call's deadline, and the peer waiting for it timed
+out. Here a kernel called from Python goes through a *front* (:func:`background`): a
+dispatcher of the same function that never compiles. It runs the code already compiled for
+the arguments' types; without that, it raises :class:`NotCompiled` at once, before any of
+the function runs. The caller then runs an interpreted path that gives the same results
+(the numpy reductions of ``_interpreted``, the shared-memory protocol step by step in
+Python) and queues the compile with :func:`prepare`. One thread per process compiles the
+queue in order (or loads it from Numba's disk cache), then hands the code to the fronts;
+later calls run it.
+
+Numba compiles under one global lock, taken by a compile and by a load from the cache;
+compiled code runs without it (and, with ``nogil=True``, without the GIL), so a compile in
+the background holds up no call. The foreground never takes that lock once its transport is
+connected: a first call, warm cache or cold, runs interpreted and never waits.
+
+The thread is a daemon: a process that exits while it compiles exits at once (the entry
+being written is lost; Numba writes cache files whole, by rename). A fork waits for the
+compile in progress (the child gets a free compiler lock) and the child starts a thread of
+its own for what is still queued. ``FERRODIST_KERNELS=interpreted`` queues nothing but what
+must be compiled (the shared-memory waits): every call runs the interpreted paths.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+# Numba itself first: that waits for another thread's import of it to finish, where importing
+# one of its submodules alone would run beside it (they import each other: partial modules).
+import numba  # noqa: F401
+from numba.core.compiler_lock import global_compiler_lock
+from numba.core.registry import CPUDispatcher
+
+from ._errors import FerrodistError
+
+__all__ = ["NotCompiled", "Ticket", "background", "prepare", "wait_for_compiles"]
+
+
+class NotCompiled(FerrodistError):
+    """A front has no compiled code for these argument types yet; raised before anything
+    runs, so the caller can run its interpreted path. ferrodist catches it everywhere it
+    calls a front: one that reaches a user is a bug."""
+
+    def __init__(self, front: Front, types: tuple[Any, ...]) -> None:
+        super().__init__(
+            f"{front.py_func.__qualname__} has no compiled code for {types} yet (it compiles in the background); "
+            "this error should have been caught by ferrodist: please report it"
+        )
+        self.front = front
+        self.types = types
+
+
+class Front(CPUDispatcher):
+    """A dispatcher that runs the compiled code of ``source`` (another dispatcher of the same
+    function) and never compiles: a call for argument types it has no code for raises
+    :class:`NotCompiled`. Code reaches it through :func:`prepare`."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__(source.py_func, targetoptions={"nopython": True, "nogil": True})
+        self._can_compile = False
+        self.source = source
+
+    def _explain_matching_error(self, *args: Any, **kws: Any) -> None:
+        raise NotCompiled(self, tuple(self.typeof_pyval(a) for a in args))
+
+    _explain_ambiguous = _explain_matching_error
+
+
+@functools.cache
+def background(dispatcher: Any) -> Front:
+    """The front of ``dispatcher`` (a function of ``jit``): call it from Python instead of
+    the dispatcher, catch :class:`NotCompiled`, and on it run an interpreted path and
+    ``prepare([(error.front, error.types)])``. One front per dispatcher, kept for the
+    process (a front's overloads are the dispatcher's own code)."""
+    return Front(dispatcher)
+
+
+class Ticket:
+    """What one :func:`prepare` queued. ``ready`` turns True once every function of it
+    runs through its front; ``failed`` holds the reason when a compile raised (the
+    interpreted path then stays in use)."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.failed: str | None = None
+        self._done = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        """Block until the compiles are done, at most ``timeout`` seconds; True if ready."""
+        self._done.wait(max(0.0, timeout))
+        return self.ready
+
+    def _finish(self, failed: str | None = None) -> None:
+        self.failed = failed
+        self.ready = failed is None
+        self._done.set()
+
+
+Item = tuple[Front, tuple[Any, ...]]
+
+
+class _Compiler:
+    """The queue of compiles and the thread that works through it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._queue: collections.deque[tuple[tuple[Item, ...], Ticket]] = collections.deque()
+        self._tickets: dict[tuple[Item, ...], Ticket] = {}
+        self._current: tuple[tuple[Item, ...], Ticket] | None = None
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._hooked = False
+
+    def prepare(self, items: tuple[Item, ...], always: bool) -> Ticket:
+        with self._lock:
+            ticket = self._tickets.get(items)
+            if ticket is not None:
+                return ticket
+            ticket = self._tickets[items] = Ticket()
+            if not always and os.environ.get("FERRODIST_KERNELS", "") == "interpreted":
+                return ticket  # never ready: the interpreted paths only
+            self._queue.append((items, ticket))
+            self._start()
+            self._changed.notify_all()
+        return ticket
+
+    def _start(self) -> None:
+        """Start the thread if there is none (the caller holds the lock); the first time,
+        hook the process's exit and forks."""
+        if self._thread is not None or self._closing:
+            return
+        if not self._hooked:
+            self._hooked = True
+            atexit.register(self.close)
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(
+                    before=self.before_fork,
+                    after_in_parent=self.after_fork_in_parent,
+                    after_in_child=self.after_fork_in_child,
+                )
+        self._thread = threading.Thread(target=self._run, name="ferrodist-compile", daemon=True)
+        self._thread.start()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        give_up = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._queue or self._current is not None:
+                left = None if give_up is None else give_up - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closing:
+                    self._changed.wait()
+                if self._closing:
+                    return
+                self._current = job = self._queue.popleft()
+            items, ticket = job
+            failed = None
+            try:
+                compiled = [(front, _compile(front.source, types)) for front, types in items]
+                for front, result in compiled:  # in order: the entry the caller calls first comes last
+                    if tuple(result.signature.args) not in front.overloads:
+                        front.add_overload(result)
+            except Exception as exc:  # the interpreted path stays; say why once
+                failed = f"{type(exc).__name__}: {exc}"
+                names = ", ".join(front.py_func.__qualname__ for front, _ in items)
+                warnings.warn(
+                    f"ferrodist: compiling {names} failed ({failed}); its interpreted path stays in use",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
+            ticket._finish(failed)
+            with self._lock:
+                self._current = None
+                self._changed.notify_all()
+
+    def close(self) -> None:
+        """At exit: start no other compile (the one in progress is dropped with the process)."""
+        with self._lock:
+            self._closing = True
+            self._changed.notify_all()
+
+    # -- fork -----------------------------------------------------------------------------------
+    def before_fork(self) -> None:
+        global_compiler_lock.acquire()  # waits for the compile in progress
+        self._lock.acquire()
+
+    def after_fork_in_parent(self) -> None:
+        self._lock.release()
+        global_compiler_lock.release()
+
+    def after_fork_in_child(self) -> None:
+        self._thread = None  # not copied by fork
+        if self._current is not None:  # popped, not finished: do it again (compiled already)
+            self._queue.appendleft(self._current)
+            self._current = None
+        if self._queue:
+            self._start()
+        self._lock.release()
+        global_compiler_lock.release()
+
+
+def _compile(dispatcher: Any, types: tuple[Any, ...]) -> Any:
+    """Compile ``dispatcher`` for ``types`` (or load it from the cache): its compile result."""
+    dispatcher.compile(types)
+    return dispatcher.overloads[tuple(types)]
+
+
+_COMPILER = _Compiler()
+
+
+def prepare(items: Iterable[tuple[Front, Sequence[Any]]], *, always: bool = False) -> Ticket:
+    """Queue the compile of each ``(front, argument types)`` on the background thread, in
+    order; their fronts get the code together once all are compiled, the first item's
+    first and the last item's last (list an entry point after the functions it calls from
+    Python when it returns early, so that a front that runs the entry finds the others
+    ready). The same request again returns the same ticket.
+
+    ``always``: compile even under ``FERRODIST_KERNELS=interpreted`` (code with no
+    interpreted path)."""
+    return _COMPILER.prepare(tuple((front, tuple(types)) for front, types in items), always)
+
+
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Block until every compile queued so far is done (at most ``timeout`` seconds);
+    True if none is left. A short job that wants the next one warm calls this last."""
+    return _COMPILER.wait_idle(timeout)

@@ -1,0 +1,301 @@
+"""Kernels called from Python never compile in the caller's thread.
+
+A front (``kernels.background``) runs code already compiled and raises ``NotCompiled`` for
+anything else, at once, even while another thread holds Numba's compiler lock; ``reducer``
+then folds with numpy (``fold_numpy``), whose bits must be the kernels' for every dtype,
+op, source count and place of the destination; the compile runs on one background thread,
+which a process may exit or fork under.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+from numba.core.compiler_lock import global_compiler_lock
+
+from ferrodist.core import ALL_DTYPES, ReduceOp, bfloat16, float32, reducer
+from ferrodist.core.kernels import (
+    NotCompiled,
+    background,
+    fold_kernel,
+    fold_numpy,
+    jit,
+    plan,
+    prepare,
+    wait_for_compiles,
+)
+
+RNG_SEED = 20260514
+
+
+def _sources(dt, op, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """k sources of the kernels' element type: every 16-bit pattern for float16/bfloat16 in
+    source 0, random bits otherwise (NaNs, infinities and subnormals included), half of the
+    float elements ordinary values (so that sums and products are not all NaN)."""
+    kind, view, _ = plan(dt, op)
+    store = np.dtype(view or dt.numpy)
+    if kind:
+        n = 1 << 16
+        srcs = [rng.integers(0, 1 << 16, n).astype(np.uint16) for _ in range(k)]
+        srcs[0] = np.arange(n, dtype=np.uint16)
+        for s in srcs[1:]:
+            s[: n // 2] = rng.normal(0, 50, n // 2).astype(np.float32).astype(dt.numpy).view(np.uint16)
+        return srcs
+    n = 4096
+    srcs = [rng.integers(0, 256, n * store.itemsize).astype(np.uint8).view(store) for _ in range(k)]
+    if dt.name == "bool":
+        srcs = [s & 1 for s in srcs]
+    if dt.is_floating:
+        for s in srcs:
+            s[: n // 2] = rng.normal(0, 100, n // 2).astype(store)
+    return srcs
+
+
+CASES = [(dt, op) for dt in ALL_DTYPES for op in sorted(dt.ops, key=lambda o: o.value)]
+
+
+@pytest.mark.parametrize(("dt", "op"), CASES, ids=[f"{dt.name}-{op.name.lower()}" for dt, op in CASES])
+def test_fold_numpy_writes_the_kernels_bits(dt, op):
+    """Every (dtype, op), 1 to 3 sources (2 to 4 for the 16-bit floats' patterns), into a
+    separate array and in place, dividing or not: byte for byte the compiled kernel's."""
+    kind, _, opcode = plan(dt, op)
+    rng = np.random.default_rng([RNG_SEED, opcode, kind, len(dt.name)])
+    divides = (False, True) if dt.is_floating and op is ReduceOp.AVG else (False,)
+    for k in (1, 2, 3):
+        srcs = _sources(dt, op, k, rng)
+        for divide in divides:
+            divisor = float(k) if divide else 1.0
+            for position in (-1, 0):
+                want_srcs = [srcs[0].copy(), *srcs[1:]]
+                got_srcs = [srcs[0].copy(), *srcs[1:]]
+                want = want_srcs[0] if position == 0 else np.empty_like(srcs[0])
+                got = got_srcs[0] if position == 0 else np.empty_like(srcs[0])
+                fold_kernel(kind, opcode, divide, position)(want, tuple(want_srcs), divisor)
+                fold_numpy(kind, opcode, divide, got, got_srcs, divisor)
+                different = np.flatnonzero(want.view(np.uint8) != got.view(np.uint8))
+                assert different.size == 0, (k, divide, position, different[:5])
+
+
+def test_a_front_without_code_raises_at_once_even_while_the_compiler_is_busy():
+    @jit(cache=False)
+    def twice(x):  # type: ignore[no-untyped-def]
+        for i in range(x.shape[0]):
+            x[i] *= 2
+
+    front = background(twice)
+    x = np.arange(4, dtype=np.int64)
+    twice(x)  # compiled in this thread for int64 arrays (a test may)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with global_compiler_lock:  # what a long compile on the background thread does
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        start = time.monotonic()
+        with pytest.raises(NotCompiled) as missing:
+            front(x)  # its dispatcher has the code, the front has not been given it
+        with pytest.raises(NotCompiled):
+            front(np.zeros(3, np.float32))
+        assert time.monotonic() - start < 1.0
+        assert missing.value.front is front
+        assert len(missing.value.types) == 1
+    finally:
+        release.set()
+        holder.join()
+    ticket = prepare([(front, missing.value.types)])
+    assert ticket.wait(30) and ticket.failed is None
+    assert prepare([(front, missing.value.types)]) is ticket  # asked again: the same ticket
+    front(x)  # now it runs
+    assert x.tolist() == [0, 4, 8, 12]
+
+
+def test_compiled_code_runs_while_another_thread_compiles():
+    """nogil kernels need neither the compiler lock nor the GIL: a compile holds up no call."""
+    fold = reducer(bfloat16, ReduceOp.SUM)
+    a = np.ones(1 << 16, bfloat16.numpy)
+    fold(a, [a, a], 1.0)
+    assert wait_for_compiles(120)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with global_compiler_lock:
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        start = time.monotonic()
+        for _ in range(20):
+            fold(a, [a, a], 1.0)
+        assert time.monotonic() - start < 1.0
+    finally:
+        release.set()
+        holder.join()
+
+
+def test_reducer_folds_with_numpy_while_its_kernel_waits_for_the_compiler():
+    """Five sources (a count nothing else compiles), the compiler lock held elsewhere: the
+    call returns the kernels' result at once; the kernel arrives once the lock is free."""
+    dt, op = float32, ReduceOp.MAX
+    kind, _, opcode = plan(dt, op)
+    rng = np.random.default_rng(7)
+    srcs = [rng.normal(size=1000).astype(dt.numpy) for _ in range(5)]
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with global_compiler_lock:
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        start = time.monotonic()
+        out = np.empty(1000, dt.numpy)
+        reducer(dt, op)(out, srcs, 1.0)
+        assert time.monotonic() - start < 1.0
+    finally:
+        release.set()
+        holder.join()
+    np.testing.assert_array_equal(out, np.maximum.reduce(srcs))
+    assert wait_for_compiles(300)
+    front = background(fold_kernel(kind, opcode, False, -1))
+    assert any(getattr(types[1], "count", 0) == 5 for types in front.overloads)  # a UniTuple of 5 arrays
+    again = np.empty_like(out)
+    reducer(dt, op)(again, srcs, 1.0)
+    np.testing.assert_array_equal(again, out)
+
+
+def _python(code: str, cache: str, timeout: float = 300, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "NUMBA_CACHE_DIR": cache, **env},
+    )
+    return done, time.monotonic() - start
+
+
+def test_on_an_empty_cache_only_the_background_thread_compiles(tmp_path):
+    """Numba's compile events, by thread: none in the caller's, the results right, and the
+    queue done once waited for."""
+    done, _ = _python(
+        """
+        import threading
+        import numpy as np
+        from numba.core import event
+        from ferrodist.core import ReduceOp, int8, float16, reducer
+        from ferrodist.core.kernels import wait_for_compiles
+
+        threads = []
+        class Seen(event.Listener):
+            def on_start(self, ev):
+                threads.append(threading.current_thread().name)
+            def on_end(self, ev):
+                pass
+        event.register("numba:compile", Seen())
+        a = np.arange(1, 200, dtype=np.int8)
+        out = np.empty_like(a)
+        reducer(int8, ReduceOp.PRODUCT)(out, [a, a], 1.0)
+        assert (out == a * a).all()
+        h = np.arange(200, dtype=np.float16)
+        reducer(float16, ReduceOp.MAX)(h, [h, h[::-1].copy()], 1.0)
+        assert (h == np.maximum(np.arange(200), np.arange(200)[::-1])).all()
+        caller = [t for t in threads if t != "ferrodist-compile"]
+        assert not caller, caller
+        assert wait_for_compiles(300)
+        assert "ferrodist-compile" in threads
+        print("ok", len(threads))
+        """,
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("ok")
+
+
+def test_a_process_exits_cleanly_while_the_background_thread_compiles(tmp_path):
+    done, took = _python(
+        """
+        import time
+        import numpy as np
+        from ferrodist.core import ALL_DTYPES, reducer
+
+        for dt in ALL_DTYPES:  # every dtype's kernels queued: tens of seconds of compiling
+            for op in dt.ops:
+                a = np.zeros(4, dt.numpy)
+                reducer(dt, op)(a, [a, a], 1.0)
+        time.sleep(0.5)  # well inside the first compile
+        print("leaving")
+        """,
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == "leaving\n"
+    assert "Traceback" not in done.stderr and "Fatal" not in done.stderr, done.stderr
+    assert took < 15
+
+
+def test_a_fork_waits_for_the_compile_in_progress_and_the_child_compiles(tmp_path):
+    """The child gets a free compiler lock and a thread of its own for what is queued."""
+    done, _ = _python(
+        """
+        import os, time
+        import numpy as np
+        from ferrodist.core import ReduceOp, int16, uint32, reducer
+        from ferrodist.core.kernels import wait_for_compiles
+
+        a = np.arange(10, dtype=np.int16)
+        reducer(int16, ReduceOp.SUM)(a, [a, a], 1.0)  # queued
+        time.sleep(0.3)
+        pid = os.fork()
+        if pid == 0:
+            b = np.arange(10, dtype=np.uint32)
+            reducer(uint32, ReduceOp.BXOR)(b, [b, b], 1.0)
+            assert (b == 0).all()
+            os._exit(0 if wait_for_compiles(300) else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert wait_for_compiles(300)
+        print("ok")
+        """,
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == "ok\n"
+
+
+def test_interpreted_mode_queues_no_kernel(tmp_path):
+    done, _ = _python(
+        """
+        import numpy as np
+        from ferrodist.core import ReduceOp, float32, reducer
+        from ferrodist.core.kernels import PLAIN, SUM, background, fold_kernel, wait_for_compiles
+
+        a = np.ones(8, np.float32)
+        reducer(float32, ReduceOp.SUM)(a, [a, a], 1.0)
+        assert (a == 2).all()
+        assert wait_for_compiles(5)
+        assert not background(fold_kernel(PLAIN, SUM, False, 0)).overloads
+        print("ok")
+        """,
+        str(tmp_path),
+        FERRODIST_KERNELS="interpreted",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
