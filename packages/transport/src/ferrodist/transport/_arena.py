@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError
+from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError, PeerLost
 
 from . import _futex
 from ._spin import first_different, publish, spin_until
@@ -186,7 +186,15 @@ class Arena:
                     rank=self.rank,
                     waiting_for=tuple(late),
                 )
-            health()
+            try:
+                health()
+            except PeerLost:
+                # A peer that published what this wait needs and then left (it finished, or
+                # died) is lost only for what comes later: its part of this chunk is in shared
+                # memory. Seen when this thread was slow to get the GIL back after the spin.
+                if spin_until(self._words, stride, offset, first, stop, target, 1) < 0:
+                    return
+                raise
             if self._yields and yielded < self._yields:  # ranks share cores: let the laggard run
                 yielded += 1
                 os.sched_yield()

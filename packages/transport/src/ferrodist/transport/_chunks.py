@@ -162,7 +162,7 @@ def _fold_in_typed(out, b, op, divisor):  # type: ignore[no-untyped-def]
 
 @jit(inline="always")
 def _bounds(m, p, q):  # type: ignore[no-untyped-def]
-    """Rank q's block of an m-element chunk (the split of ``_shm._split``)."""
+    """Rank q's block of an m-element chunk (the split of ``_stepwise.split``)."""
     base, extra = m // p, m % p
     start = q * base + min(q, extra)
     return start, start + base + (1 if q < extra else 0)

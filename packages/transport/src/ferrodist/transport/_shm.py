@@ -27,10 +27,10 @@ from ferrodist.core import (
     ReduceOp,
     reducer,
 )
-from ferrodist.core.kernels import pairwise_opcode, plan
+from ferrodist.core.kernels import NotCompiled, Ticket, background, pairwise_opcode, plan, prepare
 
-from . import _chunks
-from ._arena import COPIED, GATHERED, Arena
+from . import _chunks, _spin, _stepwise
+from ._arena import Arena
 from ._protocol import DEFAULT_TIMEOUT
 from ._rendezvous import Rendezvous
 from ._segment import SegmentGone, create_segment, open_segment
@@ -48,25 +48,32 @@ DEFAULT_SLOTS = 2
 SMALL_ALL_REDUCE = 32 << 10
 
 
-def _split(count: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` consecutive (start, stop) ranges covering ``count`` (sizes differ by at most 1)."""
-    base, extra = divmod(count, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        stop = start + base + (1 if i < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
+#: The compiled loops, called from Python only through their fronts: a call whose loop is not
+#: compiled for its dtype yet raises ``NotCompiled`` before it starts, and runs ``_stepwise``
+#: instead while the loop compiles in the background.
+_SMALL_START = background(_chunks.all_reduce_small_start)
+_SMALL = background(_chunks.all_reduce_small)
+_ALL_REDUCE = background(_chunks.all_reduce)
+_BROADCAST = background(_chunks.broadcast)
+_ALL_GATHER = background(_chunks.all_gather)
+_REDUCE_SCATTER = background(_chunks.reduce_scatter)
 
 
 class ShmCollectives:
-    """The world's collectives through the arena (same interface as ``MpiCollectives``)."""
+    """The world's collectives through the arena (same interface as ``MpiCollectives``).
+
+    No call waits for a compiler: a collective whose compiled loop is not ready for its
+    dtype (a first call, on a cold or a warm Numba cache) runs the same protocol step by
+    step in Python (``_stepwise``) while the loop compiles in the background, so ranks on
+    either path meet in the same call and get the same bits.
+    """
 
     def __init__(self, arena: Arena, health: Callable[[], None], global_rank: int) -> None:
         self._a = arena
         self._health = health
         self._rank = global_rank
         self._plans: dict[tuple[str, int, int], tuple[list[list[Array]], Any, float]] = {}
+        self._folds: dict[tuple[DType, ReduceOp], Any] = {}
         self._state = _chunks.new_state()
         # (dtype, op) -> what ``_small_kind`` says for the one-slot all_reduce
         self._small_kinds: dict[tuple[DType, ReduceOp], tuple[Any, ...]] = {}
@@ -86,32 +93,9 @@ class ShmCollectives:
         """Nothing to free: the arena belongs to the transport."""
 
     # -- plumbing --------------------------------------------------------------------------------
-    def _chunk(self, deadline: float, fingerprint: int, seq: int) -> tuple[int, int]:
-        """Start the next chunk: wait until its slot is free everywhere; returns (g, slot)."""
-        a = self._a
-        g = a.chunks
-        a.chunks += 1
-        slot = g % a.slots
-        if g >= a.slots:
-            a.wait(GATHERED, g - a.slots + 1, deadline, self._health)
-        a.publish_call(slot, fingerprint, seq)
-        return g, slot
-
-    def _everyone(self, g: int, s: int, deadline: float, fingerprint: int, seq: int) -> None:
-        """Wait until every rank is at chunk ``g`` and check that all are in this very call
-        (before this rank lets the slot go: the identities there are the peers' for ``g``)."""
-        self._wait(COPIED, g, deadline)
-        self._a.check_call(range(self._a.world), s, fingerprint, seq)
-
     def _sync(self, deadline: float, fingerprint: int, seq: int) -> None:
         """A chunk without data: every rank shows up and every rank checks every call."""
-        g, s = self._chunk(deadline, fingerprint, seq)
-        self._a.advance(COPIED, g + 1)
-        self._everyone(g, s, deadline, fingerprint, seq)
-        self._a.advance(GATHERED, g + 1)
-
-    def _wait(self, which: int, g: int, deadline: float, ranks: range | list[int] | None = None) -> None:
-        self._a.wait(which, g + 1, deadline, self._health, ranks)
+        _stepwise.sync(self._a, self._health, deadline, fingerprint, seq)
 
     def _small_plan(self, dt: DType, op: ReduceOp, count: int) -> tuple[list[list[Array]], Any, float]:
         """Slot views (per slot, per rank), kernel and divisor of a one-chunk all_reduce,
@@ -123,8 +107,14 @@ class ShmCollectives:
                 self._plans.clear()
             a = self._a
             views = [[a.slot(q, s, dt.numpy, count) for q in range(a.world)] for s in range(a.slots)]
-            plan = self._plans[key] = (views, reducer(dt, op), float(a.world) if op is ReduceOp.AVG else 1.0)
+            plan = self._plans[key] = (views, self._fold(dt, op), float(a.world) if op is ReduceOp.AVG else 1.0)
         return plan
+
+    def _fold(self, dt: DType, op: ReduceOp) -> Any:
+        fold = self._folds.get((dt, op))
+        if fold is None:
+            fold = self._folds[(dt, op)] = _stepwise.fold_for(dt, op, self._a.world)
+        return fold
 
     def _per(self, dt: DType, parts: int = 1) -> int:
         per = self._a.chunk // (dt.itemsize * parts)
@@ -139,7 +129,7 @@ class ShmCollectives:
         """Small messages (size x ranks up to ``SMALL_ALL_REDUCE``): every rank publishes its
         data and reduces all of it (one sync). Larger: per chunk, reduce-scatter through the
         slots, then gather (bandwidth-optimal)."""
-        a, p, me = self._a, self._a.world, self._a.rank
+        a, p = self._a, self._a.world
         if 0 < x.nbytes and x.nbytes * p <= min(2 * a.chunk, SMALL_ALL_REDUCE):
             small = self._small_kinds.get((dt, op))
             if small is None:
@@ -148,23 +138,21 @@ class ShmCollectives:
                 view, opcode, divisor, half = small
                 flat, data, words, state = (x if view is None else x.view(view)), a.data, a.words, self._state
                 call_id = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # its 64 bits
-                status = _chunks.all_reduce_small_start(
-                    flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1
-                )
-                if status == _chunks.DONE:  # the common case: no Python wait, no wake-up
-                    a.chunks = int(state[_chunks.CHUNK])
+                try:
+                    status = _SMALL_START(flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1)
+                except NotCompiled as missing:
+                    # The resumption first: a front that runs the start finds it ready.
+                    prepare([(_SMALL, missing.types[:5]), (missing.front, missing.types)])
+                else:
+                    if status == _chunks.DONE:  # the common case: no Python wait, no wake-up
+                        a.chunks = int(state[_chunks.CHUNK])
+                        return
+                    step = lambda state: _SMALL(flat, data, words, state, divisor)  # noqa: E731
+                    self._resume(step, status, deadline, fingerprint, seq)
                     return
-                step = lambda state: _chunks.all_reduce_small(flat, data, words, state, divisor)  # noqa: E731
-                self._resume(step, status, deadline, fingerprint, seq)
-                return
-            views, kernel, divisor = self._small_plan(dt, op, x.shape[0])
-            g, s = self._chunk(deadline, fingerprint, seq)
-            slots = views[s]
-            slots[me][...] = x
-            a.advance(COPIED, g + 1)
-            self._everyone(g, s, deadline, fingerprint, seq)
-            kernel(x, slots, divisor)  # every rank reduces the same sources in the same order
-            a.advance(GATHERED, g + 1)
+            # One rank, or the compiled loop not ready: the same protocol in Python.
+            views, fold, divisor = self._small_plan(dt, op, x.shape[0])
+            _stepwise.all_reduce_slot(a, self._health, x, views, fold, divisor, deadline, fingerprint, seq)
             return
         self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=None)
 
@@ -194,8 +182,15 @@ class ShmCollectives:
             flat, data, words = (x if view is None else x.view(view)), a.data, a.words
             state = self._start(fingerprint, seq, opcode, -1 if root is None else root)
             state[_chunks.HALF] = half
-            step = lambda state: _chunks.all_reduce(flat, data, words, state, divisor)  # noqa: E731
-            self._resume(step, step(state), deadline, fingerprint, seq)
+            step = lambda state: _ALL_REDUCE(flat, data, words, state, divisor)  # noqa: E731
+            try:
+                status = step(state)
+            except NotCompiled as missing:
+                prepare([(missing.front, missing.types)])
+                fold = self._fold(dt, op)
+                _stepwise.all_reduce(a, self._health, x, fold, divisor, root, deadline, fingerprint, seq)
+                return
+            self._resume(step, status, deadline, fingerprint, seq)
             return
         reducer(dt, op)(x, [x], divisor)  # one rank: its own data, as the kernels round it
 
@@ -223,6 +218,7 @@ class ShmCollectives:
     def _drive(
         self,
         step: Callable[[Array], int],
+        stepwise: Callable[[], None],
         deadline: float,
         fingerprint: int,
         seq: int,
@@ -230,12 +226,19 @@ class ShmCollectives:
         op: int = 0,
         root: int = -1,
     ) -> None:
-        """Run a compiled loop of ``_chunks`` (``step(state)``) to the end; a call without
-        elements (``count`` 0) still meets every rank and checks its call."""
+        """Run a compiled loop of ``_chunks`` (``step(state)``) to the end, or, while it is
+        not compiled for these arrays, ``stepwise()``: the same protocol in Python. A call
+        without elements (``count`` 0) still meets every rank and checks its call."""
         if count == 0:
             self._sync(deadline, fingerprint, seq)
             return
-        self._resume(step, step(self._start(fingerprint, seq, op, root)), deadline, fingerprint, seq)
+        try:
+            status = step(self._start(fingerprint, seq, op, root))
+        except NotCompiled as missing:
+            prepare([(missing.front, missing.types)])
+            stepwise()
+            return
+        self._resume(step, status, deadline, fingerprint, seq)
 
     def _resume(self, step: Callable[[Array], int], status: int, deadline: float, fingerprint: int, seq: int) -> None:
         """Carry a compiled loop that returned ``status`` on to the end, doing for it what
@@ -261,33 +264,46 @@ class ShmCollectives:
         self._per(dt)
         flat = x.view(np.uint8)
         data, words = a.data, a.words
-        step = lambda state: _chunks.broadcast(flat, data, words, state)  # noqa: E731
-        self._drive(step, deadline, fingerprint, seq, flat.shape[0], root=root)
+        self._drive(
+            lambda state: _BROADCAST(flat, data, words, state),
+            lambda: _stepwise.broadcast(a, self._health, flat, root, deadline, fingerprint, seq),
+            deadline,
+            fingerprint,
+            seq,
+            flat.shape[0],
+            root=root,
+        )
 
     def all_gather(self, x: Array, out: Array, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         a = self._a
         self._per(dt)
         flat, whole = x.view(np.uint8), out.view(np.uint8)
         data, words = a.data, a.words
-        step = lambda state: _chunks.all_gather(flat, whole, data, words, state)  # noqa: E731
-        self._drive(step, deadline, fingerprint, seq, flat.shape[0])
+        self._drive(
+            lambda state: _ALL_GATHER(flat, whole, data, words, state),
+            lambda: _stepwise.all_gather(a, self._health, flat, whole, deadline, fingerprint, seq),
+            deadline,
+            fingerprint,
+            seq,
+            flat.shape[0],
+        )
 
     def reduce_scatter(
         self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None:
         """Per chunk: a rank copies into its slot the parts other ranks reduce, then reduces
         its own part from its input and the peers' slots straight into ``out``."""
-        a, p, me = self._a, self._a.world, self._a.rank
-        divisor = float(p) if op is ReduceOp.AVG else 1.0
+        divisor = float(self._a.world) if op is ReduceOp.AVG else 1.0
         n = out.shape[0]
-        per = self._per(dt, parts=p)
+        self._per(dt, parts=self._a.world)
         pairwise = pairwise_opcode(dt, op)
         if pairwise is not None and not np.may_share_memory(out, blocks):
             view, opcode = pairwise
             ins, outs = (blocks, out) if view is None else (blocks.view(view), out.view(view))
-            data, words = a.data, a.words
+            data, words = self._a.data, self._a.words
             self._drive(
-                lambda state: _chunks.reduce_scatter(ins, outs, data, words, state, divisor),
+                lambda state: _REDUCE_SCATTER(ins, outs, data, words, state, divisor),
+                lambda: self._reduce_scatter_steps(blocks, out, dt, op, deadline, fingerprint, seq),
                 deadline,
                 fingerprint,
                 seq,
@@ -298,72 +314,41 @@ class ShmCollectives:
         if n == 0:
             self._sync(deadline, fingerprint, seq)
             return
-        kernel = reducer(dt, op)
-        for lo in range(0, n, per):
-            m = min(per, n - lo)
-            g, s = self._chunk(deadline, fingerprint, seq)
-            mine = a.slot(me, s, dt.numpy, m * p)
-            for q in range(p):  # slot layout: this rank's contribution to rank q at q*m
-                if q != me:
-                    mine[q * m : (q + 1) * m] = blocks[q * n + lo : q * n + lo + m]
-            a.advance(COPIED, g + 1)
-            self._everyone(g, s, deadline, fingerprint, seq)
-            own = blocks[me * n + lo : me * n + lo + m]
-            parts = [own if q == me else a.slot(q, s, dt.numpy, m * p)[me * m : (me + 1) * m] for q in range(p)]
-            kernel(out[lo : lo + m], parts, divisor)
-            a.advance(GATHERED, g + 1)
+        self._reduce_scatter_steps(blocks, out, dt, op, deadline, fingerprint, seq)
+
+    def _reduce_scatter_steps(
+        self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int
+    ) -> None:
+        """``_stepwise.reduce_scatter`` (float16/bfloat16, an ``out`` inside ``blocks``, or the
+        compiled loop not ready); every rank takes it for float16/bfloat16: ``reducer``'s bits."""
+        p = self._a.world
+        divisor = float(p) if op is ReduceOp.AVG else 1.0
+        per = self._per(dt, parts=p)
+        _stepwise.reduce_scatter(
+            self._a, self._health, blocks, out, reducer(dt, op), divisor, per, deadline, fingerprint, seq
+        )
 
     def gather(
         self, x: Array, out: Array | None, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None:
         """Per chunk: every rank copies its part into its slot; the root copies all out.
         On the last chunk every rank checks every rank's call (see ``broadcast``)."""
-        a, p, me = self._a, self._a.world, self._a.rank
-        n = x.shape[0]
         per = self._per(dt)
-        if n == 0:
+        if x.shape[0] == 0:
             self._sync(deadline, fingerprint, seq)
             return
-        for lo in range(0, n, per):
-            m = min(per, n - lo)
-            g, s = self._chunk(deadline, fingerprint, seq)
-            a.slot(me, s, dt.numpy, m)[...] = x[lo : lo + m]
-            a.advance(COPIED, g + 1)
-            if me == root or lo + m >= n:
-                self._everyone(g, s, deadline, fingerprint, seq)
-            if me == root:
-                assert out is not None
-                for q in range(p):
-                    out[q * n + lo : q * n + lo + m] = a.slot(q, s, dt.numpy, m)
-            a.advance(GATHERED, g + 1)
+        _stepwise.gather(self._a, self._health, x, out, root, per, deadline, fingerprint, seq)
 
     def scatter(
         self, blocks: Array | None, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None:
         """Per chunk: the root copies every rank's part into its slot, each rank copies its
         own out. On the last chunk every rank checks every rank's call (see ``broadcast``)."""
-        a, p, me = self._a, self._a.world, self._a.rank
-        n = x.shape[0]
-        per = self._per(dt, parts=p)
-        if n == 0:
+        per = self._per(dt, parts=self._a.world)
+        if x.shape[0] == 0:
             self._sync(deadline, fingerprint, seq)
             return
-        for lo in range(0, n, per):
-            m = min(per, n - lo)
-            g, s = self._chunk(deadline, fingerprint, seq)
-            source = a.slot(root, s, dt.numpy, m * p)
-            if me == root:
-                assert blocks is not None
-                for q in range(p):
-                    source[q * m : (q + 1) * m] = blocks[q * n + lo : q * n + lo + m]
-            a.advance(COPIED, g + 1)  # the root: the chunk is there; others: arrived
-            if me != root:
-                self._wait(COPIED, g, deadline, [root])
-                a.check_call([root], s, fingerprint, seq)
-            if lo + m >= n:
-                self._everyone(g, s, deadline, fingerprint, seq)
-            x[lo : lo + m] = source[me * m : (me + 1) * m]
-            a.advance(GATHERED, g + 1)
+        _stepwise.scatter(self._a, self._health, blocks, x, root, per, deadline, fingerprint, seq)
 
     def barrier(self, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         """Every rank shows up, in the same call (a barrier never passes a peer in another
@@ -421,6 +406,7 @@ class ShmTransport(TcpTransport):
                     one_host=True,
                 )
             raise bad
+        waits = _spin.prepare_waits()  # compiled in the background while the ranks meet
         deadline = time.monotonic() + timeout
         self = super().connect(
             rank=rank,
@@ -437,6 +423,7 @@ class ShmTransport(TcpTransport):
         what = f"rank {rank}: opening the shared memory of a job of {world_size} ranks"
         rdv = Rendezvous(self.store, rank, world_size, deadline, what)
         try:
+            _ready(waits, rank, deadline)  # before the arena: rank 0 returns once every rank is ready
             self._arena = self._open_arena(rdv, chunk, slots)
         except BaseException:
             if rdv.aborted and rank == 0:
@@ -575,6 +562,19 @@ class ShmTransport(TcpTransport):
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+
+
+def _ready(waits: Ticket, rank: int, deadline: float) -> None:
+    """Wait, within init's deadline, for the compiled waits of the arena."""
+    if waits.wait(_left(deadline)):
+        return
+    if waits.failed is not None:
+        raise BackendUnavailable(
+            f"rank {rank}: the shared-memory waits did not compile ({waits.failed}); use backend='tcp'"
+        )
+    raise CollectiveTimeout(
+        f"rank {rank}: the shared-memory waits were still compiling at init's deadline (raise the timeout)", rank=rank
+    )
 
 
 def _left(deadline: float) -> float:

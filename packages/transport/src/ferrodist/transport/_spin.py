@@ -1,13 +1,18 @@
 """Spin-waits on words shared between processes, compiled with Numba (no GIL, no Python
-per iteration: a round trip between two processes costs well under a microsecond)."""
+per iteration: a round trip between two processes costs well under a microsecond).
+
+They have no interpreted twin (their atomic loads and stores need compiled code), so a
+shared-memory transport compiles them while its ranks meet (:func:`prepare_waits`), before
+any collective's deadline starts.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ferrodist.core.kernels import jit, load_acquire, store_release
+from ferrodist.core.kernels import Ticket, background, jit, load_acquire, prepare, store_release
 
-__all__ = ["first_different", "publish", "spin_until"]
+__all__ = ["first_different", "prepare_waits", "publish", "spin_until"]
 
 
 @jit
@@ -51,3 +56,19 @@ def first_different(words, stride, offset, first, stop, value):  # type: ignore[
         if word != np.uint64(0) and word != expected:
             return r
     return -1
+
+
+def prepare_waits() -> Ticket:
+    """Queue the compile (or the load from the cache) of the three functions for the
+    argument types ``Arena`` passes: its control words and Python ints."""
+    from numba import types
+
+    words, i = types.Array(types.uint64, 1, "C"), types.int64
+    return prepare(
+        [
+            (background(spin_until), (words, i, i, i, i, i, i)),
+            (background(publish), (words, i, i, i, i, i)),
+            (background(first_different), (words, i, i, i, i, i)),
+        ],
+        always=True,
+    )
