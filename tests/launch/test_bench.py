@@ -200,6 +200,32 @@ class _ColdLibrary:
     def close(self) -> None:
         pass
 
+    def settle(self) -> None:
+        pass
+
+
+class _CompilingLibrary(_ColdLibrary):
+    """A stand-in for ferrodist while a kernel compiles in the background: calls are slow
+    (its interpreted path) until ``settle`` has waited for the compile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settled = False
+
+    def op(self, name, count, dtype):
+        import time
+
+        self.settled = False  # a new size: a kernel of its own may start compiling
+
+        def call() -> None:
+            if not self.settled:
+                time.sleep(0.005)
+
+        return call
+
+    def settle(self) -> None:
+        self.settled = True
+
 
 def test_the_first_size_is_timed_warm(monkeypatch, tmp_path):
     """Every collective is warmed before the first timed size: its row is not slower than the
@@ -237,3 +263,19 @@ def test_the_plot_is_log_log_with_a_line_per_library_and_no_floor(monkeypatch, t
     for ax in fig.axes:
         assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
         assert FLOOR not in [line.get_label() for line in ax.get_lines()]
+
+
+def test_every_size_is_timed_after_the_background_compiles(monkeypatch, tmp_path):
+    """A size's first call may set a kernel compiling: the worker waits for it (``settle``)
+    before it times that size, so no interpreted call is timed."""
+    from ferrodist.launch import _bench_worker
+
+    monkeypatch.setattr(_bench_worker, "_library", lambda name: _CompilingLibrary())
+    out = tmp_path / "results.jsonl"
+    spec = {"ops": ["all_reduce"], "sizes": [4096, 16384, 65536], "dtype": "float32", "rounds": 3}
+    spec.update(target=0.01, warmup=0.02)
+    monkeypatch.setattr(sys, "argv", ["worker", "compiling", str(out), json.dumps(spec)])
+    _bench_worker.main()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3
+    assert all(r["seconds"] < 1e-3 for r in rows), rows

@@ -9,10 +9,12 @@ prints ``progress <op> <bytes>`` lines for the driver's progress bar.
 Before the first timed size, every collective runs at the sweep's first size for about
 ``warmup`` seconds (at least ``WARM_CALLS`` calls): what a library does once (loading
 compiled kernels, its first connections and threads, touching its buffers) then lands
-there, not in the first row. Each measurement: two calls (to choose k), then ``rounds``
-rounds of (barrier, k back-to-back calls); the time of a call is the round's time over k;
-the median over rounds is reported. k is chosen so that a round lasts about ``target``
-seconds.
+there, not in the first row. ferrodist compiles a kernel in the background while a first
+call runs an interpreted path: after the warm-up, and after one call at each size, the
+worker waits until those compiles are done (``settle``), so that only compiled code is
+timed. Each measurement: two calls (to choose k), then ``rounds`` rounds of (barrier, k
+back-to-back calls); the time of a call is the round's time over k; the median over rounds
+is reported. k is chosen so that a round lasts about ``target`` seconds.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ class _Library(Protocol):
 
     def close(self) -> None: ...
 
+    def settle(self) -> None:
+        """Return once what the calls so far set going in the background is done (ferrodist:
+        the kernels it compiles), so that what is timed next is the steady state."""
+        return
+
 
 class Ferrodist(_Library):
     def __init__(self, backend: str) -> None:
@@ -68,6 +75,11 @@ class Ferrodist(_Library):
 
     def close(self) -> None:
         self._dist.destroy_process_group()
+
+    def settle(self) -> None:
+        from ferrodist.core.kernels import wait_for_compiles
+
+        wait_for_compiles(600)
 
 
 class Floor(Ferrodist):
@@ -188,6 +200,8 @@ def main() -> None:
         for nbytes in spec["sizes"]:
             count = _count(lib, nbytes, itemsize)
             call = lib.op(op_name, count, spec["dtype"])
+            call()  # a size's first call may set a kernel compiling (ferrodist)
+            lib.settle()
             lib.barrier()
             start = time.perf_counter()
             call()
@@ -244,6 +258,7 @@ def warm(lib: _Library, ops: list[str], count: int, dtype: str, seconds: float) 
             more = calls < MAX_WARM_CALLS and time.perf_counter() - start < seconds
             if not _agree(lib, int(more)):
                 break
+        lib.settle()
 
 
 def _agree(lib: _Library, k: int) -> int:
