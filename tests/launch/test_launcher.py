@@ -71,6 +71,29 @@ def test_the_first_failure_stops_the_others_and_is_named(tmp_path):
     assert "ferrodist run: rank 2 exited with code 7; stopped by the launcher: ranks [0, 1]" in out.getvalue().decode()
 
 
+def test_a_rank_that_crashes_prints_where_each_thread_was(tmp_path):
+    job = script(
+        tmp_path,
+        """
+        import ctypes, os, threading, time
+        def helper_thread_waits_here():
+            time.sleep(60)
+        threading.Thread(target=helper_thread_waits_here, daemon=True).start()
+        if os.environ["RANK"] == "1":
+            time.sleep(0.2)
+            ctypes.string_at(0)  # a read of address 0: SIGSEGV
+        time.sleep(60)
+        """,
+    )
+    out = io.BytesIO()
+    result = run(2, [job], out=out, grace=2)
+    text = out.getvalue().decode()
+    assert result.failed_rank == 1 and result.returncodes[1] == -signal.SIGSEGV, text
+    assert "[rank 1] Fatal Python error: Segmentation fault" in text, text
+    assert "helper_thread_waits_here" in text and "job.py\", line 8" in text, text
+    assert "ferrodist run: rank 1 was killed by SIGSEGV" in text
+
+
 def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
     job = script(
         tmp_path,

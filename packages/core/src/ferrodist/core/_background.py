@@ -17,8 +17,10 @@ compiled code runs without it (and, with ``nogil=True``, without the GIL), so a 
 the background holds up no call. The foreground never takes that lock once its transport is
 connected: a first call, warm cache or cold, runs interpreted and never waits.
 
-The thread is a daemon: a process that exits while it compiles exits at once (the entry
-being written is lost; Numba writes cache files whole, by rename). A fork waits for the
+The thread is a daemon, but a process that exits while it compiles first waits for the
+function being compiled (what is still queued is dropped): LLVM runs without the GIL, and
+an exit that tears down LLVM's globals under a running compile crashes the process
+(SIGSEGV or SIGABRT after the job's work is done). A fork waits for the
 compile in progress (the child gets a free compiler lock) and the child starts a thread of
 its own for what is still queued. ``FERRODIST_KERNELS=interpreted`` queues nothing but what
 must be compiled (the shared-memory waits): every call runs the interpreted paths.
@@ -109,6 +111,14 @@ class Ticket:
 
 Item = tuple[Front, tuple[Any, ...]]
 
+#: The longest an exiting process waits for the compile in progress (one function compiles
+#: in at most a few seconds; a process that cannot wait is killed, not exited).
+EXIT_WAIT = 120.0
+
+
+class _Exiting(Exception):
+    """The process exits: the rest of a job is not compiled."""
+
 
 class _Compiler:
     """The queue of compiles and the thread that works through it."""
@@ -174,10 +184,16 @@ class _Compiler:
             items, ticket = job
             failed = None
             try:
-                compiled = [(front, _compile(front.source, types)) for front, types in items]
+                compiled = []
+                for front, types in items:
+                    if self._closing:  # the process exits: compile no more
+                        raise _Exiting
+                    compiled.append((front, _compile(front.source, types)))
                 for front, result in compiled:  # in order: the entry the caller calls first comes last
                     if tuple(result.signature.args) not in front.overloads:
                         front.add_overload(result)
+            except _Exiting:
+                failed = "the process exits"
             except Exception as exc:  # the interpreted path stays; say why once
                 failed = f"{type(exc).__name__}: {exc}"
                 names = ", ".join(front.py_func.__qualname__ for front, _ in items)
@@ -191,11 +207,19 @@ class _Compiler:
                 self._current = None
                 self._changed.notify_all()
 
-    def close(self) -> None:
-        """At exit: start no other compile (the one in progress is dropped with the process)."""
+    def close(self, timeout: float = EXIT_WAIT) -> None:
+        """At exit: drop the queue and wait (at most ``timeout`` seconds) for the function
+        being compiled, so that the exit does not tear LLVM down under it."""
         with self._lock:
             self._closing = True
+            dropped = list(self._queue)
+            self._queue.clear()
             self._changed.notify_all()
+            give_up = time.monotonic() + timeout
+            while self._current is not None and time.monotonic() < give_up:
+                self._changed.wait(give_up - time.monotonic())
+        for _, ticket in dropped:
+            ticket._finish("the process exits")
 
     # -- fork -----------------------------------------------------------------------------------
     def before_fork(self) -> None:

@@ -260,6 +260,7 @@ def _run_ranks(
                 FERRODIST_ERROR_FILE=os.path.join(errors, f"rank{rank}.json"),
                 PYTHONUNBUFFERED="1",
             )
+            env.setdefault("PYTHONFAULTHANDLER", "1")  # a crash prints every thread's Python stack
             try:
                 procs.append(_start(argv, env, setup))
             except OSError as exc:
