@@ -90,7 +90,7 @@ def test_a_rank_that_crashes_prints_where_each_thread_was(tmp_path):
     text = out.getvalue().decode()
     assert result.failed_rank == 1 and result.returncodes[1] == -signal.SIGSEGV, text
     assert "[rank 1] Fatal Python error: Segmentation fault" in text, text
-    assert "helper_thread_waits_here" in text and "job.py\", line 8" in text, text
+    assert "helper_thread_waits_here" in text and 'job.py", line 8' in text, text
     assert "ferrodist run: rank 1 was killed by SIGSEGV" in text
 
 

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -320,3 +321,57 @@ def test_a_client_told_to_refuse_a_store_waits_for_its_successor():
             StoreClient("127.0.0.1", stay.port, timeout=0.5, token=TOKEN, refuse={stay.store_id})
     finally:
         stay.close()
+
+
+def test_a_store_that_closes_answers_the_requests_it_applied(store, monkeypatch):
+    """Rank 0 sees another rank's ``set`` applied and closes its store before the answer
+    goes out (its job was done): the setter gets its answer, not a lost store."""
+    _server, client = store
+    handle = StoreServer._handle
+    closing: list[threading.Thread] = []
+
+    def applied_then_closed(self, op, key, value, timeout):
+        answer = handle(self, op, key, value, timeout)
+        if key == "attached":
+            closing.append(threading.Thread(target=self.close))
+            closing[0].start()
+            time.sleep(0.3)  # the close runs before this answer is sent
+        return answer
+
+    monkeypatch.setattr(StoreServer, "_handle", applied_then_closed)
+    client.set("attached", b"")
+    closing[0].join(5)
+    assert not closing[0].is_alive()
+    with pytest.raises(PeerLost):
+        client.get("attached", timeout=2)  # the store is closed now
+
+
+def test_a_store_whose_process_exits_answers_the_requests_it_applied():
+    code = textwrap.dedent(
+        """
+        import sys, threading, time
+        from ferrodist.transport._store import StoreServer
+        handle = StoreServer._handle
+        def slow_answer(self, op, key, value, timeout):
+            answer = handle(self, op, key, value, timeout)
+            if key == "last":
+                applied.set()
+                time.sleep(0.3)
+            return answer
+        StoreServer._handle = slow_answer
+        applied = threading.Event()
+        server = StoreServer("127.0.0.1", 0, token=b"job-secret")
+        print(server.port, flush=True)
+        applied.wait(30)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        client = StoreClient("127.0.0.1", port, timeout=10, token=TOKEN)
+        client.set("last", b"")  # the process exits once this is applied, before the answer
+        client.close()
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()

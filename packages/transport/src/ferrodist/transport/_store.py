@@ -18,10 +18,15 @@ Each server has a random id. A client is pinned to the server it first reached a
 never takes an answer from another one (a store of a previous or a later process group
 on the same port); it can also be told which ids to skip while it connects (``refuse``):
 the rendezvous uses that so a rank never joins the store of a group it already left.
+
+A server that closes (or whose process exits) first answers every request it has already
+applied: rank 0 may see another rank's ``set`` and finish its job before that answer is
+sent, and the other rank must not take the closed connection for a lost store.
 """
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import secrets
@@ -29,6 +34,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable, Collection, Iterable
 from typing import Protocol, runtime_checkable
 
@@ -45,6 +51,7 @@ _ANSWER = struct.Struct("<BQ")  # status, payload bytes
 _SET, _GET, _ADD, _WAIT, _DELETE, _CHECK, _INFO = range(1, 8)
 _OK, _TIMEOUT, _MISSING, _ERROR = range(4)
 _MAX_RECORD = 64 << 20  # a store value is metadata: refuse anything near this size
+_ANSWER_GRACE = 2.0  # the longest a closing server waits for the answers it owes
 
 
 @runtime_checkable
@@ -99,8 +106,11 @@ class StoreServer:
         self._cond = threading.Condition()
         self._closed = False
         self._clients: list[socket.socket] = []
+        self._answering: set[int] = set()  # the threads between a request and its answer
         self._thread = threading.Thread(target=self._accept_loop, name="ferrodist-store", daemon=True)
         self._thread.start()
+        self._at_exit = _close_at_exit(self)
+        atexit.register(self._at_exit)
 
     @property
     def port(self) -> int:
@@ -123,10 +133,18 @@ class StoreServer:
         callback(value)
 
     def close(self) -> None:
+        """Stop serving: waiting requests are answered with an error, the others that were
+        applied get their answers (within ``_ANSWER_GRACE`` seconds), then every connection
+        is closed."""
+        atexit.unregister(self._at_exit)
+        me = threading.get_ident()
         with self._cond:
             self._closed = True
             self._watches.clear()
             self._cond.notify_all()
+            give_up = time.monotonic() + _ANSWER_GRACE
+            while self._answering - {me} and time.monotonic() < give_up:
+                self._cond.wait(give_up - time.monotonic())
             clients, self._clients = self._clients, []
         self._gate.wake()
         if threading.current_thread() is not self._thread:
@@ -164,10 +182,15 @@ class StoreServer:
                     return  # not a ferrodist client: drop it (nothing was reserved for it)
                 key = (_read(sock, key_len) or b"").decode()
                 value = _read(sock, value_len) or b""
-                status, payload, fire = self._handle(op, key, value, timeout)
-                if fire is not None:
-                    fire(value)
-                sock.sendall(_ANSWER.pack(status, len(payload)) + payload)
+                try:
+                    status, payload, fire = self._handle(op, key, value, timeout)
+                    if fire is not None:
+                        fire(value)
+                    sock.sendall(_ANSWER.pack(status, len(payload)) + payload)
+                finally:
+                    with self._cond:
+                        self._answering.discard(threading.get_ident())
+                        self._cond.notify_all()
         except Exception:
             return
         finally:
@@ -179,8 +202,10 @@ class StoreServer:
     def _handle(
         self, op: int, key: str, value: bytes, timeout: float
     ) -> tuple[int, bytes, Callable[[bytes], None] | None]:
-        """The answer to one request, and the watch it fires (to call outside the lock)."""
+        """The answer to one request, and the watch it fires (to call outside the lock);
+        the caller then owes the answer (``_answering``)."""
         with self._cond:
+            self._answering.add(threading.get_ident())
             if op == _SET:
                 self._data[key] = value
                 self._cond.notify_all()
@@ -478,6 +503,19 @@ class StoreClient:
     def delete(self, key: str, *, timeout: float | None = None) -> bool:
         """Remove ``key``; whether it was there."""
         return self._call(_DELETE, _key(key), b"", timeout)[1] == b"1"
+
+
+def _close_at_exit(server: StoreServer) -> Callable[[], None]:
+    """A function for ``atexit`` that closes ``server`` if it is still alive (it does not
+    keep the server alive)."""
+    ref = weakref.ref(server)
+
+    def close() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.close()
+
+    return close
 
 
 def _seconds(value: object, what: str) -> float:
