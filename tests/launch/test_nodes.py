@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -229,6 +230,57 @@ def test_a_launcher_with_another_token_is_refused_and_named_missing(tmp_path):
     assert "refused node 1: its FERRODIST_TOKEN is not node 0's; export the same FERRODIST_TOKEN" in outputs[1]
     assert "it does not hold this job's FERRODIST_TOKEN" in outputs[0]
     assert "ferrodist run: node 1 never arrived within 3 s" in outputs[0]
+
+
+def knock(port: int, talk: bytes | None, limit: float = 30) -> socket.socket:
+    """A connection to node 0's launcher from outside the job (retried until it listens):
+    silent, or sending ``talk``."""
+    give_up = time.monotonic() + limit
+    while True:
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=1)
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < give_up, "node 0's launcher never listened"
+            time.sleep(0.05)
+    if talk is not None:
+        sock.sendall(talk)
+    return sock
+
+
+def test_silent_connections_do_not_hold_up_the_nodes_joining(tmp_path):
+    """Eight silent connections and one that speaks HTTP reach node 0 before node 1 does:
+    each is dropped at its own limit, while node 1 joins at once (one after the other they
+    would take 40 s, past the join timeout)."""
+    script = job(tmp_path, "pass\n")
+    port = free_port()
+    hub = launcher(0, 2, port, 1, script, options=("--join-timeout", "4"))
+    strangers = [knock(port, None) for _ in range(8)] + [knock(port, b"GET / HTTP/1.0\r\n\r\n")]
+    try:
+        procs = [hub, launcher(1, 2, port, 1, script)]
+        outputs = finish(procs)
+    finally:
+        for sock in strangers:
+            sock.close()
+    assert [p.returncode for p in procs] == [0, 0], outputs
+
+
+def test_a_start_that_fails_says_what_node_0_refused_and_from_where(tmp_path):
+    script = job(tmp_path, "pass\n")
+    port = free_port()
+    hub = launcher(0, 2, port, 1, script, options=("--join-timeout", "2"))
+    strangers = [knock(port, b"GET / HTTP/1.0\r\n\r\n"), knock(port, b"\x00" * 68), knock(port, None)]
+    try:
+        (out,) = finish([hub])
+    finally:
+        for sock in strangers:
+            sock.close()
+    assert hub.returncode == 1, out
+    assert (
+        "ferrodist run: node 1 never arrived within 2 s (arrived: nodes [0]); meanwhile node 0 refused 2 "
+        "connections: 2 from 127.0.0.1 (it does not speak the launchers' protocol); 1 still in their handshake "
+        "(1 from 127.0.0.1): start `ferrodist run"
+    ) in summary(out), out
 
 
 def test_launchers_that_disagree_on_the_number_of_nodes_both_fail_saying_so(tmp_path):

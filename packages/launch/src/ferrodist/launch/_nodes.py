@@ -5,7 +5,10 @@ every other node (a *member*) connects to it. Each connection starts with a chal
 response over ``FERRODIST_TOKEN``, which every node must have (the same value): each side
 proves it holds the token without sending it. Then:
 
-1. **Join.** A member sends ``hello`` (its node rank, ``--nnodes``, ``-n``, host, pid).
+1. **Join.** The hub runs every connection's handshake at once, each with its own limit
+   (``HANDSHAKE``), so a connection that stays silent or is not a launcher holds up no
+   other; a node that never arrives is named with what the hub refused, and from where.
+   A member sends ``hello`` (its node rank, ``--nnodes``, ``-n``, host, pid).
    When every node has arrived the hub numbers the ranks node by node, picks the port of
    rank 0's store and a job id, and sends ``start`` with the list of nodes; a node that has
    not arrived by ``--join-timeout`` fails the job on every node that did, naming it.
@@ -26,6 +29,7 @@ secret travels on the control channel.
 
 from __future__ import annotations
 
+import collections
 import hmac
 import os
 import secrets
@@ -133,6 +137,41 @@ class _Link:
         return {"ends": rows, "interrupted": interrupted}
 
 
+class _Knock:
+    """A connection to the hub in its handshake: the challenge is sent, the reply comes
+    in pieces on a non-blocking socket, and the whole of it must arrive by ``deadline``."""
+
+    REPLY = len(MAGIC) + 32 + NONCE
+
+    def __init__(self, sock: socket.socket, host: str) -> None:
+        self.sock, self.host = sock, host
+        self.challenge = os.urandom(NONCE)
+        self.reply = b""
+        self.deadline = time.monotonic() + HANDSHAKE
+        sock.setblocking(False)
+        sock.send(MAGIC + self.challenge)  # 36 bytes into an empty send buffer
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def read(self) -> bool:
+        """Take what has arrived; True once the whole reply is in."""
+        try:
+            chunk = self.sock.recv(self.REPLY - len(self.reply))
+        except (BlockingIOError, InterruptedError):
+            return False
+        if not chunk:
+            raise ConnectionError("it closed the connection during the handshake")
+        self.reply += chunk
+        if not MAGIC.startswith(self.reply[: len(MAGIC)]):
+            raise ConnectionError("it does not speak the launchers' protocol")
+        return len(self.reply) == self.REPLY
+
+
+#: Handshakes the hub holds at once; the oldest is dropped for a new one past this.
+MOST_KNOCKS = 64
+
+
 class Hub(_Link):
     """Node 0's launcher: the control channel's server."""
 
@@ -147,6 +186,8 @@ class Hub(_Link):
         self._lost: dict[int, str] = {}
         self._interrupted: tuple[int, int] | None = None  # (node, signal)
         self._stopping = False
+        self._knocks: list[_Knock] = []
+        self._refused: collections.Counter[tuple[str, str]] = collections.Counter()
         self.nodes: tuple[Node, ...] = ()
         bind = "127.0.0.1" if _loopback(master_addr) else "0.0.0.0"
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -183,7 +224,9 @@ class Hub(_Link):
                 missing = [k for k in range(self.nnodes) if k not in hosts]
                 self._abort(self._never_arrived(missing, sorted(hosts)), missing[0])
             watched = [self._listener.fileno(), stop_fd, *(ch.fileno() for ch in [*pending, *self._members.values()])]
-            ready = select.select(watched, [], [], left)[0]
+            watched += [knock.fileno() for knock in self._knocks]
+            wake = min([left, *(knock.deadline - time.monotonic() for knock in self._knocks)])
+            ready = select.select(watched, [], [], max(0.0, wake))[0]
             if stop_fd in ready:
                 signum = _read_signal(stop_fd)
                 self._abort(
@@ -192,9 +235,8 @@ class Hub(_Link):
                     128 + signum,
                 )
             if self._listener.fileno() in ready:
-                joined = self._accept()
-                if joined is not None:
-                    pending.append(joined)
+                self._accept()
+            pending += self._handshakes(ready)
             for ch in [*pending, *self._members.values()]:
                 if ch.fileno() not in ready:
                     continue
@@ -218,6 +260,9 @@ class Hub(_Link):
             )
             ch.close()
         self._listener.close()
+        for knock in self._knocks:
+            knock.sock.close()
+        self._knocks = []
         job = secrets.token_hex(6)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.bind(("127.0.0.1" if _loopback(self.master_addr) else "0.0.0.0", 0))
@@ -235,30 +280,70 @@ class Hub(_Link):
 
     def _never_arrived(self, missing: list[int], arrived: list[int]) -> str:
         who = f"node {missing[0]}" if len(missing) == 1 else f"nodes {missing}"
+        refused = ""
+        if self._refused:
+            by = "; ".join(f"{count} from {host} ({why})" for (host, why), count in sorted(self._refused.items()))
+            total = self._refused.total()
+            refused = f"; meanwhile node 0 refused {total} connection{'s' if total > 1 else ''}: {by}"
+        if self._knocks:
+            hosts = collections.Counter(knock.host for knock in self._knocks)
+            by = ", ".join(f"{count} from {host}" for host, count in sorted(hosts.items()))
+            refused += f"; {len(self._knocks)} still in their handshake ({by})"
         return (
-            f"ferrodist run: {who} never arrived within {round(self._waited, 1):g} s (arrived: nodes {arrived}): start "
-            f"`ferrodist run --nnodes {self.nnodes} --node-rank K --master-addr {self.master_addr} --master-port "
+            f"ferrodist run: {who} never arrived within {round(self._waited, 1):g} s (arrived: nodes {arrived}){refused}: "
+            f"start `ferrodist run --nnodes {self.nnodes} --node-rank K --master-addr {self.master_addr} --master-port "
             f"{self.master_port} ...` on each missing node, with the same FERRODIST_TOKEN, or raise --join-timeout"
         )
 
-    def _accept(self) -> Channel | None:
-        sock, address = self._listener.accept()
+    def _accept(self) -> None:
+        """Take a connection and send it the challenge; its reply is read by ``_handshakes``."""
         try:
-            sock.settimeout(HANDSHAKE)
-            challenge = os.urandom(NONCE)
-            sock.sendall(MAGIC + challenge)
-            reply = recv_exact(sock, len(MAGIC) + 32 + NONCE)
-            if reply[:4] != MAGIC:
-                raise ConnectionError("it does not speak the launchers' protocol")
-            if not hmac.compare_digest(reply[4:36], proof(self._token, b"member", challenge)):
-                sock.sendall(REFUSE)
-                raise ConnectionError("it does not hold this job's FERRODIST_TOKEN")
-            sock.sendall(ACCEPT + proof(self._token, b"hub", reply[36:]))
+            sock, address = self._listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        try:
+            self._knocks.append(_Knock(sock, address[0]))
         except OSError as exc:
             sock.close()
-            print(f"ferrodist run: node 0 refused a connection from {address[0]}: {exc}", flush=True)
-            return None
-        return Channel(sock, -1)
+            self._refuse(address[0], f"it closed the connection during the handshake ({exc.strerror})")
+        if len(self._knocks) > MOST_KNOCKS:  # the oldest is a stranger's: the nodes' finish in milliseconds
+            oldest = self._knocks.pop(0)
+            oldest.sock.close()
+            self._refuse(oldest.host, "it stayed silent while more connections came")
+
+    def _handshakes(self, ready: list[int]) -> list[Channel]:
+        """Go on with the handshakes that can (``ready``: readable descriptors): the
+        connections that proved they hold the token, as channels. A connection that fails
+        its handshake, or has not finished it at its own deadline, is refused."""
+        joined, now = [], time.monotonic()
+        for knock in list(self._knocks):
+            why = None
+            try:
+                if knock.fileno() in ready and knock.read():
+                    self._knocks.remove(knock)
+                    if not hmac.compare_digest(knock.reply[4:36], proof(self._token, b"member", knock.challenge)):
+                        knock.sock.send(REFUSE)
+                        why = "it does not hold this job's FERRODIST_TOKEN"
+                    else:
+                        knock.sock.send(ACCEPT + proof(self._token, b"hub", knock.reply[36:]))
+                        joined.append(Channel(knock.sock, -1))
+                        continue
+                elif now >= knock.deadline:
+                    self._knocks.remove(knock)
+                    why = f"it did not finish the handshake within {HANDSHAKE:g} s"
+                else:
+                    continue
+            except OSError as exc:
+                if knock in self._knocks:
+                    self._knocks.remove(knock)
+                why = str(exc)
+            knock.sock.close()
+            self._refuse(knock.host, why)
+        return joined
+
+    def _refuse(self, host: str, why: str) -> None:
+        self._refused[(host, why)] += 1
+        print(f"ferrodist run: node 0 refused a connection from {host}: {why}", flush=True)
 
     def _welcome(self, ch: Channel, hello: dict[str, object], hosts: dict[int, tuple[str, int, int]]) -> None:
         try:
