@@ -182,6 +182,34 @@ def test_an_exception_in_one_stage_fails_the_others_at_once():
         assert "stage 2 broke" in text and took < 10
 
 
+def test_a_rank_that_stalls_is_named_by_every_stage_that_timed_out_behind_it():
+    """Rank 1 stalls in its forward: rank 0 and rank 2 time out waiting for it, and rank 3
+    for rank 2, which is healthy but waiting too. Whichever of them times out first, every
+    error names rank 1 (``waiting_for``)."""
+    x, y = make_data(6)
+
+    def body():
+        g = default_group()
+        stage = split_sequential(make_model(), 4)[g.rank]
+        if g.rank == 1:
+            forward = stage.forward
+
+            def stalled(inputs):
+                time.sleep(4.0)
+                return forward(inputs)
+
+            stage.forward = stalled
+        pipe = Pipeline(stage, None, 3, OneFOneB())
+        with pytest.raises(FerrodistError) as info:
+            pipe.train_step(x if g.rank == 0 else None, y if g.rank == 3 else None, CrossEntropyLoss())
+        return type(info.value).__name__, str(info.value), info.value.waiting_for
+
+    results = run_world(4, body, timeout=1.5)
+    for rank in (0, 2, 3):
+        kind, text, waited = results[rank]
+        assert kind == "CollectiveTimeout" and waited == (1,), (rank, text)
+
+
 def test_clear_errors_for_bad_arguments():
     def body():
         stage = split_sequential(make_model(), 2)[default_group().rank]

@@ -81,6 +81,67 @@ def census(transport: Transport, channel: int, me: int, members: Sequence[int], 
     return "; ".join(parts), sorted(blamed or list(behind))
 
 
+def follow(transport: Transport, channel: int, me: int, first: int) -> tuple[list[int], int, str]:
+    """Follow the waits of the peers' abort notices from ``first`` (the rank this rank was
+    waiting for), for up to ``GRACE`` seconds, to the rank that held them all up. Returns
+    the ranks that were waiting too (``first`` onwards; a rank whose receive another rank's
+    failure stopped counts as waiting for that receive's sender), that rank, and what it
+    did: ``"silent"`` (no notice), ``"failed"`` (its own failure), ``"relayed"`` (stopped by
+    another rank's failure between calls) or ``"loop"`` (the waits go round: sends and receives that do
+    not match)."""
+    deadline = time.monotonic() + GRACE
+    while True:
+        heard = transport.notices(channel)
+        chain, at = [], first
+        while at in heard and heard[at].waited is not None and at not in chain and at != me:
+            chain.append(at)
+            at = heard[at].waited  # type: ignore[assignment]
+        if at in heard or at == me or at in chain or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    if at == me or at in chain:
+        return chain, at, "loop"
+    if at not in heard:
+        return chain, at, "silent"
+    return chain, at, "relayed" if heard[at].relayed else "failed"
+
+
+def name_the_holdup(transport: Transport, channel: int, me: int, error: CollectiveTimeout) -> None:
+    """``error`` is a timeout of this rank waiting for one peer's message, in code that drives
+    the group (a pipeline's receive), or a peer's timeout that reached such a receive; the
+    group is aborted already. The rank it names may be healthy and waiting itself: follow
+    the notices (``follow``) and name, in the message and ``waiting_for``, the rank that held
+    them all up."""
+    own = error.aborted_by is None
+    first = (error.waiting_for[0] if len(error.waiting_for) == 1 else None) if own else error.awaited
+    if first is None or first == me:
+        return
+    chain, end, how = follow(transport, channel, me, first)
+    if how == "relayed" or (own and not chain and how != "loop"):
+        # The end was stopped by another failure (whose message, relayed here, says more),
+        # or is the rank waited for (the message names it already).
+        return
+    if how == "loop":
+        ring = [*chain[chain.index(end) :], end] if end in chain else [me, *chain, me]
+        clause = (
+            f"the ranks waited on each other in a loop ({' -> '.join(str(r) for r in ring)}): their sends and "
+            "receives do not match (a schedule that deadlocks)"
+        )
+        end = first
+    else:
+        waits = ", ".join(f"rank {a} for rank {b}" for a, b in zip(chain, [*chain[1:], end], strict=True))
+        clause = f"this rank was waiting for rank {first}" if not own else ""
+        if chain:
+            clause += (", which" if clause else f"rank {first}") + f" was waiting too ({waits})"
+        end_says = {
+            "silent": "sent no word: it never sent, or is stopped, hung or busy elsewhere; it held the others up",
+            "failed": "failed by itself and aborted the group (its own output says why)",
+        }[how]
+        clause += f"; rank {end} {end_says}" if chain else f", and rank {end} {end_says}"
+    error.args = (f"{error.message}; {clause}",)
+    error.waiting_for = (end,)
+
+
 def abort(
     transport: Transport,
     channel: int,

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ferrodist.core import FerrodistError, GroupAborted, InvalidRank
+from ferrodist.core import CollectiveTimeout, FerrodistError, GroupAborted, InvalidRank
 from ferrodist.transport import DeviceMessages, Transport
 
-from . import _trace
+from . import _failure, _trace
 from ._call import MAX_USER_TAG, p2p_tag
 from ._checks import Checker
 from ._device import device_type, messages
@@ -97,12 +97,19 @@ class PointToPoint:
         the group, e.g. a pipeline stage): pending and later calls and messages here and on
         the other members raise at once (``GroupAborted``, or the error itself where a
         message was pending) instead of waiting for their deadline. Make the group again to
-        go on. An error that is already a ``GroupAborted`` is not sent again."""
+        go on. An error that is already a ``GroupAborted`` is not sent again.
+
+        A timeout of this rank waiting for one peer's message follows the other ranks'
+        notices (for up to half a second) to the rank that held them all up, and names it in
+        ``error`` (its message and ``waiting_for``): the peer waited for may be waiting
+        itself, as stages of a pipeline wait on each other."""
         if isinstance(error, GroupAborted):
             return
         if not isinstance(error, FerrodistError):
             error = FerrodistError(f"rank {self._global_rank}: {type(error).__name__}: {error}", rank=self._global_rank)
         self._runner.abort(error)
+        if isinstance(error, CollectiveTimeout):
+            _failure.name_the_holdup(self._transport, self._group_id, self._global_rank, error)
 
     def sole_peer(self, operation: str) -> int:
         """The group rank a receive from any source can come from: the other rank of a

@@ -38,12 +38,15 @@ class FerrodistError(Exception):
         earlier: in a notice, the failure of another group that held the peer up first.
         between: set on a notice sent by a rank that was between calls of the group (idle
             there, not stuck inside a call); the census reads it.
+        awaited: on a receive that a peer's abort failed, the rank whose message it was
+            waiting for (the error itself is the peer's).
     """
 
     aborted_by: int | None = None
     notice: str | None = None
     earlier: str | None = None
     between: bool = False
+    awaited: int | None = None
 
     def __init__(self, message: str, *, rank: int | None = None, operation: str | None = None) -> None:
         super().__init__(message)

@@ -44,6 +44,11 @@ class Notice(NamedTuple):
     seq: int
     earlier: str | None
     between: bool = False
+    #: The one rank the peer was waiting for when it failed: its own timeout's, or that of
+    #: its receive that another rank's failure stopped (then ``relayed`` too).
+    waited: int | None = None
+    #: The peer's failure came from another rank (it passed on a notice, or was between calls).
+    relayed: bool = False
 
 
 def encode_notice(seq: int, error: FerrodistError, origin: int, earlier: FerrodistError | None = None) -> bytes:
@@ -61,6 +66,12 @@ def encode_notice(seq: int, error: FerrodistError, origin: int, earlier: Ferrodi
         record["earlier"] = earlier.message
     if error.between:
         record["between"] = True
+    if error.aborted_by is not None:
+        record["relayed"] = True
+        if error.awaited is not None:  # the receive that the failure passed on stopped here
+            record["waited"] = int(error.awaited)
+    elif isinstance(error, core.CollectiveTimeout) and len(error.waiting_for) == 1:
+        record["waited"] = int(error.waiting_for[0])
     return json.dumps(record).encode()
 
 
@@ -88,6 +99,9 @@ def decode_notice(data: bytes, rank: int, peer: int) -> tuple[int, FerrodistErro
     earlier = record.get("earlier")
     error.earlier = str(earlier) if earlier is not None else None
     error.between = bool(record.get("between"))
+    waited = record.get("waited")
+    error.__dict__["waited"] = waited if isinstance(waited, int) else None  # the notice's: see Aborts.hear
+    error.__dict__["relayed"] = bool(record.get("relayed"))
     return seq, error
 
 
@@ -132,10 +146,11 @@ class Aborts:
     def hear(self, channel: int, peer: int, seq: int, error: FerrodistError) -> None:
         """``peer`` aborted ``channel`` in call ``seq`` with ``error``."""
         between = bool(error.__dict__.pop("between", False))  # the notice's, not the error's: copies must not carry it
+        waited, relayed = error.__dict__.pop("waited", None), bool(error.__dict__.pop("relayed", False))
         with self._lock:
             first = channel not in self._errors
             self._errors.setdefault(channel, error)
-            self._heard.setdefault(channel, {})[peer] = Notice(seq, error.earlier, between)
+            self._heard.setdefault(channel, {})[peer] = Notice(seq, error.earlier, between, waited, relayed or between)
             respond = self._watchers.get(channel) if first else None
         if respond is not None:
             threading.Thread(target=respond, args=(error, seq), name=f"ferrodist-abort-{channel}", daemon=True).start()

@@ -110,7 +110,9 @@ class _Recv:
                 aborted = aborts.error(channel)
                 if aborted is not None:
                     self._withdraw(box)
-                    raise aborted.with_context(f"rank {t.rank}: receive from rank {self.src}")
+                    failed = aborted.with_context(f"rank {t.rank}: receive from rank {self.src}")
+                    failed.awaited = self.src
+                    raise failed
                 if t._hub.closed[self.src]:
                     self._withdraw(box)
                     raise PeerLost(

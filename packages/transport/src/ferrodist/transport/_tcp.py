@@ -78,6 +78,7 @@ class TcpTransport:
         self._unexpected: dict[tuple[int, int], collections.deque[Arrival]] = collections.defaultdict(collections.deque)
         self._lost: dict[int, FerrodistError] = {}
         self._aborts = Aborts()
+        self._stopped: dict[int, set[int]] = {}  # channel -> senders of the receives its abort failed
         self._closing = False
         self._barriers = 0
         self._store: StoreClient | None = None
@@ -313,7 +314,7 @@ class TcpTransport:
         with self._cond:
             aborted = self._aborts.error(channel_of(tag))
             if aborted is not None:
-                pending.error, pending.done = _fresh(aborted, f"rank {self._rank}: receive from rank {src}"), True
+                pending.error, pending.done = _fresh(aborted, f"rank {self._rank}: receive from rank {src}", src), True
                 return Recv(self, pending, src)
             arrived = self._unexpected.get(key)
             if arrived:
@@ -354,7 +355,7 @@ class TcpTransport:
                 lost = self._aborts.error(channel) or self._lost.get(self._rank) or self._lost.get(src)
                 if lost is not None and not pending.claimed:
                     self._withdraw(pending, src)
-                    raise _fresh(lost, f"rank {self._rank} was waiting for a message from rank {src}")
+                    raise _fresh(lost, f"rank {self._rank} was waiting for a message from rank {src}", src)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     if not pending.claimed:
@@ -504,6 +505,11 @@ class TcpTransport:
         self._abort_here(channel, error)
         if not self._aborts.notify_once(channel):
             return
+        senders = self._stopped.get(channel, set())
+        if error.aborted_by is not None and error.awaited is None and len(senders) == 1:
+            # Passing a peer's failure on: say whose message the receive it stopped waited for.
+            error = copy.copy(error)
+            error.awaited = next(iter(senders))
         notice = _notice(seq, error, self._rank, earlier)
         for peer in peers:
             link = self._links.get(peer)
@@ -544,7 +550,9 @@ class TcpTransport:
                     arrival.drop()
             for key in [key for key in self._posted if channel_of(key[1]) == channel]:
                 for pending in self._posted.pop(key):
-                    pending.error, pending.done = _fresh(first, f"rank {self._rank}: receive from rank {key[0]}"), True
+                    pending.error = _fresh(first, f"rank {self._rank}: receive from rank {key[0]}", key[0])
+                    pending.done = True
+                    self._stopped.setdefault(channel, set()).add(key[0])
             self._cond.notify_all()
 
     # -- whole world ---------------------------------------------------------------------------
@@ -703,6 +711,9 @@ def _noted(error: FerrodistError, rdv: Rendezvous | None, secret: Secret) -> Fer
     return noted
 
 
-def _fresh(error: FerrodistError, context: str) -> FerrodistError:
-    """A new exception carrying a recorded error's class and attributes, for one more waiter."""
-    return error.with_context(context)
+def _fresh(error: FerrodistError, context: str, awaited: int | None = None) -> FerrodistError:
+    """A new exception carrying a recorded error's class and attributes, for one more waiter
+    (``awaited``: the rank a failed receive was waiting for)."""
+    fresh = error.with_context(context)
+    fresh.awaited = awaited
+    return fresh
