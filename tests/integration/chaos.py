@@ -9,7 +9,10 @@ shared-memory chunks), and one fault: none, SIGKILL of
 a rank (before or in the middle of a call), SIGSTOP past the deadline, SIGSTOP well
 under it, an exception in a rank's own code, a delay under the deadline, a stranger
 (connections to every port of the job that stay silent or speak something else, during
-the start), or (by hand) a second process started as the same rank.
+the start), or (by hand) a second process started as the same rank. A quarter of the
+schedules also run on a cold cache: an empty ``NUMBA_CACHE_DIR`` of their own, so that
+every kernel compiles in the background while the calls run their interpreted paths and
+then switch, whatever the fault.
 
 ``run_schedule`` runs it (scripts/chaos.py on every rank) and returns the violations of
 the invariant, checked on every rank:
@@ -33,6 +36,7 @@ the invariant, checked on every rank:
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -94,6 +98,7 @@ def make_schedule(seed: int) -> dict[str, Any]:
         "groups": groups,
         "calls": calls,
         "fault": fault,
+        "cold": rng.random() < 0.25,  # drawn last: the draws above are those of earlier versions
     }
 
 
@@ -111,11 +116,14 @@ def _start(schedule: dict[str, Any], outdir: Path) -> list[subprocess.Popen[byte
     spec = json.dumps(schedule)
     n = schedule["ranks"]
     quiet = {"stdout": subprocess.DEVNULL, "stderr": open(outdir / "stderr.txt", "wb")}
+    base = dict(os.environ)
+    if schedule.get("cold"):
+        base["NUMBA_CACHE_DIR"] = str(outdir / "empty-numba-cache")
     if schedule["launch"] == "run":
         command = [sys.executable, "-m", "ferrodist.launch", "run", "-n", str(n), "--grace", "3"]
-        return [subprocess.Popen([*command, str(SCRIPT), spec, str(outdir)], **quiet)]
+        return [subprocess.Popen([*command, str(SCRIPT), spec, str(outdir)], env=base, **quiet)]
     port = _free_port()
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
+    env = dict(base, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
     ranks = list(range(n))
     if schedule["fault"]["kind"] == "duplicate":  # a second process started as the same rank
         ranks.append(schedule["fault"]["rank"])
@@ -179,7 +187,11 @@ def check_duplicate(schedule: dict[str, Any], outdir: Path) -> tuple[list[str], 
             violations.append(f"seed {seed}: a process stopped with {start['cls']}: {start['message']}")
         elif start["cls"] == "InvalidArgument" and start["seconds"] > BAD_START_LIMIT:
             violations.append(f"seed {seed}: a bad start took {start['seconds']:.1f} s to be refused")
-    stopped = {int(start["rank"]) for start in starts}
+    # A rank's log is its process's that got past the start: one process per rank, two for
+    # the duplicated one (of which at least one stops at the start).
+    processes = collections.Counter([*range(schedule["ranks"]), duplicated])
+    processes.subtract(int(start["rank"]) for start in starts)
+    stopped = {rank for rank, running in processes.items() if running <= 0}
     told = len(starts)
     for rank in set(range(schedule["ranks"])) - stopped:
         log = outdir / f"rank{rank}.jsonl"

@@ -29,6 +29,7 @@ def test_random_faults_never_give_a_wrong_result_or_a_late_error(tmp_path):
     for seed in range(FIRST_SEED, FIRST_SEED + SCHEDULES):
         schedule = make_schedule(seed)
         key = f"{schedule['fault']['kind']}/{schedule['backend']}/{schedule['launch']}"
+        key += "/cold" if schedule["cold"] else ""
         kinds[key] = kinds.get(key, 0) + 1
         violations += run_schedule(schedule, tmp_path / f"s{seed}")
     took = time.monotonic() - started
@@ -40,16 +41,22 @@ def test_random_faults_never_give_a_wrong_result_or_a_late_error(tmp_path):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("kind", ["stranger", "duplicate"])
-def test_processes_outside_the_job_or_a_second_rank_during_the_start(tmp_path, kind):
+@pytest.mark.parametrize("kind", ["stranger", "duplicate", "cold"])
+def test_processes_outside_the_job_a_second_rank_or_a_cold_cache(tmp_path, kind):
     """Schedules with the fault ``kind`` in each backend, however the random draw goes: a
     stranger's connections to every port during the start (the job starts and every call
-    returns), or a second process with one of the ranks (every process stops, saying so)."""
+    returns), a second process with one of the ranks (every process stops, saying so), or
+    a kill in the middle of the calls on an empty Numba cache (kernels compiling in the
+    background while the calls run and fail)."""
     violations: list[str] = []
     for seed, backend in ((FIRST_SEED + 1000, "tcp"), (FIRST_SEED + 1001, "shm")):
         schedule = make_schedule(seed)
-        schedule["fault"]["kind"] = kind
         schedule["backend"] = backend
-        schedule["launch"] = "hand" if kind == "duplicate" else schedule["launch"]
+        if kind == "cold":
+            schedule["cold"] = True
+            schedule["fault"].update(kind="kill", at=len(schedule["calls"]) // 2)
+        else:
+            schedule["fault"]["kind"] = kind
+            schedule["launch"] = "hand" if kind == "duplicate" else schedule["launch"]
         violations += run_schedule(schedule, tmp_path / f"s{seed}")
     assert not violations, "\n".join(violations)
