@@ -91,6 +91,47 @@ def test_violations_are_reported(tmp_path: Path) -> None:
     assert "OK" not in out
 
 
+def test_a_siblings_private_attributes_are_refused(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "packages/core/src/ferrodist/core/_tensor.py",
+        """\
+        class Tensor:
+            def __init__(self, array):
+                self._array = array
+                self._shared = 1
+
+            def _flat(self):
+                return self._array
+        """,
+    )
+    write(
+        tmp_path,
+        "packages/nccl/src/ferrodist/nccl/_buffers.py",
+        """\
+        def pointer(t, m):
+            a = t._array
+            b = getattr(t, "_flat")()
+            c = m._shared  # nccl defines _shared too: its own name
+            d = t.__class__, t._numba_internal  # dunder names and third-party names pass
+            return a, b, c, d
+
+
+        class Box:
+            _shared = 0
+        """,
+    )
+    result = run_checker(str(tmp_path))
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines == [
+        "packages/nccl/src/ferrodist/nccl/_buffers.py:2: ferrodist.nccl uses the private attribute '_array' of "
+        "ferrodist.core; ask for a public name",
+        "packages/nccl/src/ferrodist/nccl/_buffers.py:3: ferrodist.nccl uses the private attribute '_flat' of "
+        "ferrodist.core; ask for a public name",
+    ], result.stdout
+
+
 def test_empty_root_is_an_error(tmp_path: Path) -> None:
     result = run_checker(str(tmp_path))
     assert result.returncode == 1

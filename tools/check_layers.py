@@ -11,6 +11,11 @@ Four rules, read from the source with ``ast`` (nothing is imported):
    (except by a package that exists for one of them: ``REQUIRES``).
 4. Public only: a package imports no private module (``ferrodist.x._y``) of another one;
    what a sibling needs, ``ferrodist.x`` or a public module of it exports.
+5. No private attributes of a sibling: a package reads or writes no attribute ``obj._name``
+   that only another ferrodist package defines (a method, a class, an attribute assigned,
+   a module-level name or a parameter of that package, and nowhere in this one). A name
+   that both define counts as this package's own; Python's ``__dunder__`` names and
+   third-party names are not checked.
 
 Prints ``path:line: message`` per violation and exits 1, or prints one OK line and exits 0.
 """
@@ -135,6 +140,67 @@ def _layer_violations(tree: ast.Module, rel: str, pkg: str) -> Iterator[str]:
                 )
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """The private names a module defines: functions, classes, their parameters, names and
+    attributes it assigns, and what it imports under a name."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+            args = node.args
+            names.update(a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs])
+        elif isinstance(node, ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.add(node.asname or node.name.split(".")[-1])
+        elif isinstance(node, ast.keyword) and node.arg is not None:
+            names.add(node.arg)  # setattr-free dataclass/namedtuple fields given by keyword
+    return {name for name in names if _private(name)}
+
+
+def _attribute_violations(
+    trees: dict[str, list[tuple[str, ast.Module]]], defined: dict[str, set[str]]
+) -> Iterator[str]:
+    """Rule 5 over every package's modules (``trees``: package -> (path, module))."""
+    for pkg, modules in trees.items():
+        for rel, tree in modules:
+            for node in ast.walk(tree):
+                name = _attribute_used(node)
+                if name is None or not _private(name) or name in defined[pkg]:
+                    continue
+                owners = sorted(other for other, names in defined.items() if other != pkg and name in names)
+                if owners:
+                    yield (
+                        f"{rel}:{node.lineno}: ferrodist.{pkg} uses the private attribute {name!r} of "
+                        f"{', '.join('ferrodist.' + owner for owner in owners)}; ask for a public name"
+                    )
+
+
+def _attribute_used(node: ast.AST) -> str | None:
+    """The attribute ``node`` reads or writes: ``obj.name``, or ``getattr``/``setattr``/
+    ``hasattr``/``delattr`` with the name as a string literal."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    ):
+        return node.args[1].value
+    return None
+
+
 def check(root: Path) -> tuple[list[str], int]:
     """All violations under ``root`` (a checkout) and the number of files read."""
     errors: list[str] = []
@@ -156,6 +222,8 @@ def check(root: Path) -> tuple[list[str], int]:
     files = list(_python_files(packages_dir)) if packages_dir.is_dir() else []
     if not files:
         errors.append(f"{packages_dir}:1: no Python files found; is {root} a ferrodist checkout?")
+    trees: dict[str, list[tuple[str, ast.Module]]] = {}
+    defined: dict[str, set[str]] = {}
     for path in files:
         rel = str(path.relative_to(root))
         tree = _parse(path, rel, errors)
@@ -165,6 +233,10 @@ def check(root: Path) -> tuple[list[str], int]:
         errors.extend(_heavy_violations(tree, rel, pkg))
         if pkg in ALLOWED:
             errors.extend(_layer_violations(tree, rel, pkg))
+        if pkg is not None:
+            trees.setdefault(pkg, []).append((rel, tree))
+            defined.setdefault(pkg, set()).update(_defined(tree))
+    errors.extend(_attribute_violations(trees, defined))
     return errors, len(files)
 
 
@@ -180,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_layers: {len(errors)} violation(s)", file=sys.stderr)
         return 1
     print(
-        f"check_layers: OK ({count} files under {root / 'packages'}: layers, namespace, lazy heavy imports, public only)"
+        f"check_layers: OK ({count} files under {root / 'packages'}: layers, namespace, lazy heavy imports, public only, no sibling's private attributes)"
     )
     return 0
 
