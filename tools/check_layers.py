@@ -179,7 +179,7 @@ def _attribute_violations(
                 owners = sorted(other for other, names in defined.items() if other != pkg and name in names)
                 if owners:
                     yield (
-                        f"{rel}:{node.lineno}: ferrodist.{pkg} uses the private attribute {name!r} of "
+                        f"{rel}:{getattr(node, 'lineno', 1)}: ferrodist.{pkg} uses the private attribute {name!r} of "
                         f"{', '.join('ferrodist.' + owner for owner in owners)}; ask for a public name"
                     )
 
