@@ -137,6 +137,16 @@ def test_actions_read_and_print():
     ]
 
 
+@pytest.mark.parametrize("schedule", [GPipe(), OneFOneB(), Interleaved1F1B(2), ZeroBubbleH1()])
+def test_action_parse_inverts_str(schedule):
+    for actions in schedule.all_actions(4, 8):
+        assert [Action.parse(str(a)) for a in actions] == actions
+    assert Action.parse("BW12.3") == Action("BW", 12, 3) and Action.parse("F3.0") == Action("F", 3)
+    for bad in ("", "F", "X3", "F-1", "F3.", "F 3", "f3", "F3.1.2", "F\u00b2", 3):
+        with pytest.raises(InvalidArgument, match=r"Action\.parse: cannot read action"):
+            Action.parse(bad)
+
+
 def test_render_text_draws_one_row_per_rank():
     timeline = simulate(OneFOneB(), 4, 8)
     text = timeline.render_text()

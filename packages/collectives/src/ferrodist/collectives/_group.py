@@ -11,11 +11,12 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ferrodist.core import (
+    Group,
     InvalidArgument,
     InvalidRank,
     ReduceOp,
@@ -664,3 +665,7 @@ def _route_name(dev: DeviceEngine | None, native: Any, ours: str) -> str:
     if dev is not None:
         return dev.name
     return "transport" if native else ours
+
+
+if TYPE_CHECKING:  # ProcessGroup satisfies core's Group protocol (checked by mypy)
+    _protocol_check: type[Group] = ProcessGroup

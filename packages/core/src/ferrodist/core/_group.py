@@ -37,6 +37,17 @@ class Group(Protocol):
     @property
     def size(self) -> int: ...
 
+    @property
+    def global_rank(self) -> int:
+        """This rank's rank in the whole job (what error messages and traces name)."""
+        ...
+
+    def abort(self, error: BaseException) -> None:
+        """Fail the group on every member because of ``error``, raised by code that drives it
+        (a pipeline stage): pending and later operations raise at once instead of waiting for
+        their deadlines. The group is unusable afterwards."""
+        ...
+
     def all_reduce(
         self, tensor: Any, op: ReduceOp = ReduceOp.SUM, *, async_op: bool = False, timeout: float | None = None
     ) -> Work | None: ...

@@ -44,8 +44,19 @@ class NcclGroup:
         return self._comm.size
 
     @property
+    def global_rank(self) -> int:
+        """The rank in the communicator: an NCCL group is the whole of its communicator."""
+        return self._comm.rank
+
+    @property
     def communicator(self) -> NcclCommunicator:
         return self._comm
+
+    def abort(self, error: BaseException) -> None:
+        """Abort the communicator because of ``error`` (``ncclCommAbort``): this rank's pending
+        operations are cancelled, and the other ranks' fail within their deadlines (NCCL has
+        no notice to send them). The group is closed afterwards."""
+        self._comm.abort()
 
     def __repr__(self) -> str:
         return f"NcclGroup(rank={self.rank}, size={self.size}, communicator={self._comm!r})"

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.collectives import ProcessGroup, default_group, tracing
+from ferrodist.collectives import default_group, tracing
 from ferrodist.core import CollectiveMismatch, DType, Group, InvalidArgument, Work, as_tensor
 
 from ._check import validate
@@ -127,7 +127,7 @@ class Pipeline:
             for stage in self.stages:
                 stage.clear()
             run.cancel()
-            if isinstance(self.group, ProcessGroup) and self.group.size > 1:
+            if self.group.size > 1:
                 self.group.abort(exc)
             raise
 
@@ -154,8 +154,7 @@ class _Step:
         self.p, self.me, self.v = g.size, g.rank, pipe.schedule.chunks
         self.last = self.p * self.v - 1
         self.m = pipe.n_microbatches
-        rank = g.global_rank if isinstance(g, ProcessGroup) else self.me
-        self.who = f"rank {rank}: Pipeline.{'train' if training else 'eval'}_step #{pipe.steps}"
+        self.who = f"rank {g.global_rank}: Pipeline.{'train' if training else 'eval'}_step #{pipe.steps}"
         self.inputs, self.targets = inputs, targets
         self.batch: dict[int, int] = {}  # stage -> batch size (from the data or the header)
         self._bounds: dict[int, list[tuple[int, int]]] = {}  # batch size -> micro-batch row ranges

@@ -12,6 +12,7 @@ gradient of its input to stage s-1.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 KINDS = ("F", "B", "W", "BW")
+_ACTION = re.compile(r"(BW|F|B|W)([0-9]+)(?:\.([0-9]+))?")
 
 
 @dataclass(frozen=True, order=True)
@@ -48,6 +50,19 @@ class Action:
 
     def __str__(self) -> str:
         return f"{self.kind}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        """The action ``str`` prints: ``'F3'`` is ``Action('F', 3)``, ``'BW1.2'`` is
+        ``Action('BW', 1, 2)`` (``'F3.0'`` is read as ``'F3'``)."""
+        match = _ACTION.fullmatch(text) if isinstance(text, str) else None
+        if match is None:
+            raise InvalidArgument(
+                f"Action.parse: cannot read action {text!r}: write the kind (F, B, W or BW), the micro-batch and, "
+                "for a chunk other than 0, a dot and the chunk ('F3', 'B2', 'W0', 'BW1.1')"
+            )
+        kind, micro, chunk = match.groups()
+        return cls(kind, int(micro), int(chunk) if chunk else 0)
 
 
 def _count(name: str, value: object, low: int = 1) -> int:
@@ -243,9 +258,7 @@ def _parse(action: Action | str) -> Action:
         return action
     if not isinstance(action, str):
         raise InvalidArgument(f"CustomSchedule: an action must be an Action or a string like 'F3', not {action!r}")
-    kind = "BW" if action.startswith("BW") else action[:1]
-    rest = action[len(kind) :]
-    micro, _, chunk = rest.partition(".")
-    if kind not in KINDS or not micro.isdigit() or (chunk and not chunk.isdigit()):
-        raise InvalidArgument(f"CustomSchedule: cannot read action {action!r} (write e.g. 'F3', 'B2', 'W0', 'BW1.1')")
-    return Action(kind, int(micro), int(chunk) if chunk else 0)
+    try:
+        return Action.parse(action)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"CustomSchedule: {exc.message.removeprefix('Action.parse: ')}") from None
