@@ -375,3 +375,27 @@ def test_a_store_whose_process_exits_answers_the_requests_it_applied():
         assert proc.wait(10) == 0
     finally:
         proc.kill()
+
+
+def test_a_port_taken_between_bind_and_listen_is_port_in_use(monkeypatch):
+    """Two processes bind the store's port with SO_REUSEADDR before either listens (both
+    binds succeed on Linux); the other one listens first. This one must say the port is
+    in use (PortInUse: rank 0 then joins the store there), not raise a bare OSError."""
+    from ferrodist.transport import _net
+
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    other.bind(("127.0.0.1", 0))
+    port = other.getsockname()[1]
+    bind = socket.socket.bind
+
+    def bind_then_the_other_listens(self, address):
+        bind(self, address)
+        other.listen(1)
+
+    monkeypatch.setattr(socket.socket, "bind", bind_then_the_other_listens)
+    try:
+        with pytest.raises(_net.PortInUse, match=f"port {port} on 127.0.0.1 is already in use"):
+            _net.listen("127.0.0.1", port, "rendezvous store (rank 0)")
+    finally:
+        other.close()

@@ -10,6 +10,9 @@ result was checked against numpy), ``wrong`` (it was not what numpy says), or ``
 (the class, message and seconds from issue to raise). A process that fails before its
 calls (its start, making the groups, the warm-up) writes OUTDIR/start-{pid}.json.
 
+With the ``duplicate`` fault (a second process started with one of the ranks), a process
+whose init succeeded makes no call before every process has ended its init.
+
 The ``stranger`` fault is a thread of the faulty rank that plays a process outside the
 job during the start: as soon as the ranks publish their ports in the store, it opens
 connections to each of them (and to the store) that stay silent, or send bytes that are
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -248,8 +252,19 @@ def main() -> None:
     if fault["kind"] == "stranger" and fault["rank"] == int(os.environ["RANK"]):
         threading.Thread(target=stranger, args=(spec, kept), daemon=True).start()
     try:
-        dist.init_process_group(spec["backend"], timeout=spec["timeout"])
+        try:
+            dist.init_process_group(spec["backend"], timeout=spec["timeout"])
+        finally:
+            if fault["kind"] == "duplicate":
+                (outdir / f"init-ended-{os.getpid()}").write_text("")
         (outdir / f"pid{dist.get_rank()}").write_text(str(os.getpid()))
+        if fault["kind"] == "duplicate":
+            # No call before every process, the second one with this rank included, has
+            # ended its init: the job is still running when the second one registers (a
+            # short job would otherwise be over, and its store gone, by then).
+            give_up = time.monotonic() + 15.0
+            while len(list(outdir.glob("init-ended-*"))) < spec["ranks"] + 1 and time.monotonic() < give_up:
+                time.sleep(0.01)
         rank = Rank(spec, outdir)
         if not spec.get("cold"):  # on a cold cache the calls meet the compiler under their own deadlines
             rank.warm_up()
@@ -259,6 +274,7 @@ def main() -> None:
             "message": str(exc)[:2000],
             "seconds": time.monotonic() - started,
             "rank": int(os.environ["RANK"]),
+            "traceback": traceback.format_exc()[-4000:],
         }
         (outdir / f"start-{os.getpid()}.json").write_text(json.dumps(record))
         sys.exit(1)

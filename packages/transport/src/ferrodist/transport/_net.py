@@ -135,6 +135,9 @@ def listen(host: str, port: int, what: str) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        # Two processes may both bind a port with SO_REUSEADDR while neither listens yet:
+        # the second one learns that the port is taken here.
+        sock.listen(128)
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
@@ -143,7 +146,6 @@ def listen(host: str, port: int, what: str) -> socket.socket:
                 "choose another with MASTER_PORT or `ferrodist run --master-port`"
             ) from None
         raise BackendUnavailable(f"{what}: cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(128)
     return sock
 
 

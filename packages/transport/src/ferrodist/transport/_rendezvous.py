@@ -411,6 +411,9 @@ class Rendezvous:
             error = _KINDS.get(kind, FerrodistError)(
                 f"{self.what}: the job stopped just after it started: {reason}", rank=0
             )
+            # A rank 0 still in its start raises this and keeps the store up (``linger``)
+            # until the ranks still starting have read the reason, not a store gone away.
+            self.aborted = True
             stop(error)
 
         server.watch(_ABORT, stopped, until=time.monotonic() + START_GRACE)
