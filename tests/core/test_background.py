@@ -231,19 +231,36 @@ def test_on_an_empty_cache_only_the_background_thread_compiles(tmp_path):
 
 
 def test_a_process_exits_cleanly_while_the_background_thread_compiles(tmp_path):
-    """The exit waits for the function being compiled and drops the rest of the queue: an
-    exit under a running LLVM crashes the process (SIGSEGV, or SIGABRT from an LLVM built
-    with assertions) after the work is done. A handler registered before ferrodist's runs
-    after it and sees the compiler idle."""
+    """An exit while the thread is inside LLVM crashed the process (SIGSEGV, or SIGABRT from
+    an LLVM built with assertions) after the work was done. Now the exit drops the queue and
+    holds llvmlite's lock: a handler registered before ferrodist's runs after it and sees the
+    thread out of LLVM, and staying out; the exit does not wait for the whole queue."""
     done, took = _python(
         """
         import atexit
+        import threading
         import time
         import numpy as np
+        from numba.core import event
+
+        calls = {"inside": 0, "entered": 0}
+
+        class LLVMCalls(event.Listener):  # the compile thread's calls into LLVM
+            def on_start(self, ev):
+                if threading.current_thread().name == "ferrodist-compile":
+                    calls["inside"] += 1
+                    calls["entered"] += 1
+
+            def on_end(self, ev):
+                if threading.current_thread().name == "ferrodist-compile":
+                    calls["inside"] -= 1
+
+        event.register("numba:llvm_lock", LLVMCalls())
 
         def after_ferrodist():
-            from ferrodist.core.kernels import wait_for_compiles
-            print("idle at exit:", wait_for_compiles(0))
+            inside, entered = calls["inside"], calls["entered"]
+            time.sleep(1.0)
+            print("inside LLVM at exit:", inside, "entered since:", calls["entered"] - entered)
         atexit.register(after_ferrodist)
 
         from ferrodist.core import ALL_DTYPES, reducer
@@ -252,13 +269,15 @@ def test_a_process_exits_cleanly_while_the_background_thread_compiles(tmp_path):
             for op in dt.ops:
                 a = np.zeros(4, dt.numpy)
                 reducer(dt, op)(a, [a, a], 1.0)
-        time.sleep(0.5)  # well inside the first compile
+        give_up = time.monotonic() + 60
+        while calls["entered"] < 3 and time.monotonic() < give_up:
+            time.sleep(0.001)  # until the thread is busy in LLVM
         print("leaving")
         """,
         str(tmp_path),
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout == "leaving\nidle at exit: True\n", done.stdout
+    assert done.stdout == "leaving\ninside LLVM at exit: 0 entered since: 0\n", done.stdout
     assert "Traceback" not in done.stderr and "Fatal" not in done.stderr, done.stderr
     assert took < 30
 

@@ -17,10 +17,13 @@ compiled code runs without it (and, with ``nogil=True``, without the GIL), so a 
 the background holds up no call. The foreground never takes that lock once its transport is
 connected: a first call, warm cache or cold, runs interpreted and never waits.
 
-The thread is a daemon, but a process that exits while it compiles first waits for the
-function being compiled (what is still queued is dropped): LLVM runs without the GIL, and
-an exit that tears down LLVM's globals under a running compile crashes the process
-(SIGSEGV or SIGABRT after the job's work is done). A fork waits for the
+The thread is a daemon, and an exit must not tear LLVM's globals down while that thread
+is inside LLVM (LLVM runs without the GIL: the process crashed with SIGSEGV, or SIGABRT,
+after the job's work was done). So an exit drops the queue and takes llvmlite's lock,
+which every call into LLVM holds: it waits for the LLVM call in progress (well under a
+second, where the whole function could take seconds), and the thread then stops at its
+next one, for good. Without that lock (another llvmlite), the exit waits for the function
+being compiled. A fork waits for the
 compile in progress (the child gets a free compiler lock) and the child starts a thread of
 its own for what is still queued. ``FERRODIST_KERNELS=interpreted`` queues nothing but what
 must be compiled (the shared-memory waits): every call runs the interpreted paths.
@@ -208,18 +211,25 @@ class _Compiler:
                 self._changed.notify_all()
 
     def close(self, timeout: float = EXIT_WAIT) -> None:
-        """At exit: drop the queue and wait (at most ``timeout`` seconds) for the function
-        being compiled, so that the exit does not tear LLVM down under it."""
+        """At exit: drop the queue; if a compile is in progress, make sure that it is out of
+        LLVM and stays out (see the module docstring), within ``timeout`` seconds."""
         with self._lock:
             self._closing = True
             dropped = list(self._queue)
             self._queue.clear()
             self._changed.notify_all()
+            busy = self._current is not None
+        for _, ticket in dropped:
+            ticket._finish("the process exits")
+        if not busy:
+            return
+        llvm = _llvm_lock()
+        if llvm is not None and llvm.acquire(timeout=timeout):
+            return  # held until the process ends; this thread may still call LLVM (re-entrant)
+        with self._lock:
             give_up = time.monotonic() + timeout
             while self._current is not None and time.monotonic() < give_up:
                 self._changed.wait(give_up - time.monotonic())
-        for _, ticket in dropped:
-            ticket._finish("the process exits")
 
     # -- fork -----------------------------------------------------------------------------------
     def before_fork(self) -> None:
@@ -239,6 +249,15 @@ class _Compiler:
             self._start()
         self._lock.release()
         global_compiler_lock.release()
+
+
+def _llvm_lock() -> Any:
+    """The re-entrant lock llvmlite holds around every call into LLVM, or None when this
+    llvmlite keeps it elsewhere."""
+    from llvmlite.binding import ffi
+
+    lock = getattr(getattr(getattr(ffi, "lib", None), "_lock", None), "_lock", None)
+    return lock if callable(getattr(lock, "acquire", None)) else None
 
 
 def _compile(dispatcher: Any, types: tuple[Any, ...]) -> Any:
