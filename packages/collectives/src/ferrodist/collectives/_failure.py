@@ -129,7 +129,8 @@ def name_the_holdup(transport: Transport, channel: int, me: int, error: Collecti
         )
         end = first
     else:
-        waits = ", ".join(f"rank {a} for rank {b}" for a, b in zip(chain, [*chain[1:], end], strict=True))
+        after = [*chain[1:], end] if chain else []  # whom each rank of the chain waited for
+        waits = ", ".join(f"rank {a} for rank {b}" for a, b in zip(chain, after, strict=True))
         clause = f"this rank was waiting for rank {first}" if not own else ""
         if chain:
             clause += (", which" if clause else f"rank {first}") + f" was waiting too ({waits})"
