@@ -1,12 +1,14 @@
 """The control channel between the launchers of a job of several nodes (see ``_nodes``):
 the challenge and response that prove each side holds ``FERRODIST_TOKEN``, the
-length-prefixed JSON messages after it, and the ranks' own token derived for a job."""
+length-prefixed JSON messages after it, and the ranks' own token derived for a job. The hub
+runs every connection's handshake at once: each is a ``Knock`` on a non-blocking socket."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
+import os
 import select
 import socket
 import struct
@@ -17,9 +19,12 @@ __all__ = [
     "ACCEPT",
     "HANDSHAKE",
     "MAGIC",
+    "MOST_KNOCKS",
     "NONCE",
     "REFUSE",
     "Channel",
+    "Knock",
+    "loopback",
     "proof",
     "rank_token",
     "recv_exact",
@@ -124,3 +129,55 @@ class Channel:
     def close(self) -> None:
         self.closed = True
         self.sock.close()
+
+
+#: Handshakes the hub holds at once; the oldest is dropped for a new one past this.
+MOST_KNOCKS = 64
+
+
+class Knock:
+    """A connection to the hub in its handshake: the challenge is sent, the reply comes
+    in pieces on a non-blocking socket, and the whole of it must arrive by ``deadline``."""
+
+    REPLY = len(MAGIC) + 32 + NONCE
+
+    def __init__(self, sock: socket.socket, host: str) -> None:
+        self.sock, self.host = sock, host
+        self.challenge = os.urandom(NONCE)
+        self.reply = b""
+        self.deadline = time.monotonic() + HANDSHAKE
+        sock.setblocking(False)
+        sock.send(MAGIC + self.challenge)  # 36 bytes into an empty send buffer
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def read(self) -> bool:
+        """Take what has arrived; True once the whole reply is in."""
+        try:
+            chunk = self.sock.recv(self.REPLY - len(self.reply))
+        except (BlockingIOError, InterruptedError):
+            return False
+        if not chunk:
+            raise ConnectionError("it closed the connection during the handshake")
+        self.reply += chunk
+        if not MAGIC.startswith(self.reply[: len(MAGIC)]):
+            raise ConnectionError("it does not speak the launchers' protocol")
+        return len(self.reply) == self.REPLY
+
+    def answer(self, token: bytes) -> bool:
+        """Once the whole reply is in: accept a member that proved it holds ``token`` (and
+        prove that the hub does), or refuse it; True if it was accepted."""
+        if not hmac.compare_digest(self.reply[4:36], proof(token, b"member", self.challenge)):
+            self.sock.send(REFUSE)
+            return False
+        self.sock.send(ACCEPT + proof(token, b"hub", self.reply[36:]))
+        return True
+
+
+def loopback(addr: str) -> bool:
+    """True if ``addr`` names this host's loopback: listen there only."""
+    try:
+        return socket.gethostbyname(addr).startswith("127.")
+    except OSError:
+        return False

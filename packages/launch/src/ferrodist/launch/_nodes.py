@@ -39,10 +39,22 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
-from ._channel import ACCEPT, HANDSHAKE, MAGIC, NONCE, REFUSE, Channel, proof, rank_token, recv_exact
+from ._channel import (
+    ACCEPT,
+    HANDSHAKE,
+    MAGIC,
+    MOST_KNOCKS,
+    NONCE,
+    Channel,
+    Knock,
+    loopback,
+    proof,
+    recv_exact,
+)
 from ._judge import Node, Outcome, judge
+from ._placement import Placement, place
 from ._verdict import RankEnd, diagnose, signal_name
 
 __all__ = [
@@ -69,22 +81,6 @@ class NodeFailure(Exception):
         self.summary = summary
         self.node = node
         self.exit_code = exit_code
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where this launcher's ranks sit in the job, and what every rank is told."""
-
-    node_rank: int
-    nnodes: int
-    first_rank: int
-    local_size: int
-    world_size: int
-    master_addr: str
-    master_port: int
-    token: str
-    job: str
-    nodes: tuple[Node, ...] = ()
 
 
 class _Link:
@@ -137,41 +133,6 @@ class _Link:
         return {"ends": rows, "interrupted": interrupted}
 
 
-class _Knock:
-    """A connection to the hub in its handshake: the challenge is sent, the reply comes
-    in pieces on a non-blocking socket, and the whole of it must arrive by ``deadline``."""
-
-    REPLY = len(MAGIC) + 32 + NONCE
-
-    def __init__(self, sock: socket.socket, host: str) -> None:
-        self.sock, self.host = sock, host
-        self.challenge = os.urandom(NONCE)
-        self.reply = b""
-        self.deadline = time.monotonic() + HANDSHAKE
-        sock.setblocking(False)
-        sock.send(MAGIC + self.challenge)  # 36 bytes into an empty send buffer
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def read(self) -> bool:
-        """Take what has arrived; True once the whole reply is in."""
-        try:
-            chunk = self.sock.recv(self.REPLY - len(self.reply))
-        except (BlockingIOError, InterruptedError):
-            return False
-        if not chunk:
-            raise ConnectionError("it closed the connection during the handshake")
-        self.reply += chunk
-        if not MAGIC.startswith(self.reply[: len(MAGIC)]):
-            raise ConnectionError("it does not speak the launchers' protocol")
-        return len(self.reply) == self.REPLY
-
-
-#: Handshakes the hub holds at once; the oldest is dropped for a new one past this.
-MOST_KNOCKS = 64
-
-
 class Hub(_Link):
     """Node 0's launcher: the control channel's server."""
 
@@ -186,10 +147,10 @@ class Hub(_Link):
         self._lost: dict[int, str] = {}
         self._interrupted: tuple[int, int] | None = None  # (node, signal)
         self._stopping = False
-        self._knocks: list[_Knock] = []
+        self._knocks: list[Knock] = []
         self._refused: collections.Counter[tuple[str, str]] = collections.Counter()
         self.nodes: tuple[Node, ...] = ()
-        bind = "127.0.0.1" if _loopback(master_addr) else "0.0.0.0"
+        bind = "127.0.0.1" if loopback(master_addr) else "0.0.0.0"
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -265,7 +226,7 @@ class Hub(_Link):
         self._knocks = []
         job = secrets.token_hex(6)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind(("127.0.0.1" if _loopback(self.master_addr) else "0.0.0.0", 0))
+            probe.bind(("127.0.0.1" if loopback(self.master_addr) else "0.0.0.0", 0))
             ranks_port = int(probe.getsockname()[1])
         nodes, first = [], 0
         for k in range(self.nnodes):
@@ -276,7 +237,7 @@ class Hub(_Link):
         start = {"job": job, "master_port": ranks_port, "nodes": [asdict(n) for n in nodes]}
         for ch in self._members.values():
             ch.send("start", **start)
-        return _placement(self.nodes, 0, self.master_addr, ranks_port, self._token.decode(), job)
+        return place(self.nodes, 0, self.master_addr, ranks_port, self._token.decode(), job)
 
     def _never_arrived(self, missing: list[int], arrived: list[int]) -> str:
         who = f"node {missing[0]}" if len(missing) == 1 else f"nodes {missing}"
@@ -302,7 +263,7 @@ class Hub(_Link):
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return
         try:
-            self._knocks.append(_Knock(sock, address[0]))
+            self._knocks.append(Knock(sock, address[0]))
         except OSError as exc:
             sock.close()
             self._refuse(address[0], f"it closed the connection during the handshake ({exc.strerror})")
@@ -321,13 +282,10 @@ class Hub(_Link):
             try:
                 if knock.fileno() in ready and knock.read():
                     self._knocks.remove(knock)
-                    if not hmac.compare_digest(knock.reply[4:36], proof(self._token, b"member", knock.challenge)):
-                        knock.sock.send(REFUSE)
-                        why = "it does not hold this job's FERRODIST_TOKEN"
-                    else:
-                        knock.sock.send(ACCEPT + proof(self._token, b"hub", knock.reply[36:]))
+                    if knock.answer(self._token):
                         joined.append(Channel(knock.sock, -1))
                         continue
+                    why = "it does not hold this job's FERRODIST_TOKEN"
                 elif now >= knock.deadline:
                     self._knocks.remove(knock)
                     why = f"it did not finish the handshake within {HANDSHAKE:g} s"
@@ -523,7 +481,7 @@ class Member(_Link):
                 if message.get("kind") == "start":
                     nodes = tuple(Node(**n) for n in message["nodes"])  # type: ignore[attr-defined]
                     job, port = str(message["job"]), int(message["master_port"])  # type: ignore[call-overload]
-                    return _placement(nodes, self.node, master_addr, port, self._token.decode(), job)
+                    return place(nodes, self.node, master_addr, port, self._token.decode(), job)
             if self._hub.closed:
                 raise NodeFailure(
                     f"ferrodist run: {where} closed the connection before the job started (see its output)", node=0
@@ -621,19 +579,6 @@ class Member(_Link):
         if local.summary:
             summary += "; on this node: " + local.summary.removeprefix("ferrodist run: ")
         return Outcome(local.exit_code or 1, local.culprits[0] if local.culprits else None, 0, summary)
-
-
-def _placement(nodes: tuple[Node, ...], node_rank: int, addr: str, port: int, token: str, job: str) -> Placement:
-    me = nodes[node_rank]
-    world = sum(n.count for n in nodes)
-    return Placement(node_rank, len(nodes), me.first, me.count, world, addr, port, rank_token(token, job), job, nodes)
-
-
-def _loopback(addr: str) -> bool:
-    try:
-        return socket.gethostbyname(addr).startswith("127.")
-    except OSError:
-        return False
 
 
 def _read_signal(fd: int) -> int:

@@ -15,15 +15,16 @@ as pickles.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import ferrodist.core as core
-from ferrodist.core import FerrodistError
+from ferrodist.core import FerrodistError, PeerLost
 
-__all__ = ["CHANNEL_SHIFT", "Aborts", "Notice", "channel_of", "decode_notice", "encode_notice"]
+__all__ = ["CHANNEL_SHIFT", "Aborts", "Notice", "channel_of", "decode_notice", "departure", "encode_notice", "fresh"]
 
 CHANNEL_SHIFT = 32
 _CHANNEL_MASK = (1 << 31) - 1  # bit 63 of a tag is free for the collectives' own use
@@ -51,9 +52,23 @@ class Notice(NamedTuple):
     relayed: bool = False
 
 
-def encode_notice(seq: int, error: FerrodistError, origin: int, earlier: FerrodistError | None = None) -> bytes:
+def encode_notice(
+    seq: int, error: FerrodistError, origin: int, earlier: FerrodistError | None = None, *, limit: int | None = None
+) -> bytes:
     """An abort notice: ``origin`` failed in call ``seq`` with ``error`` (after ``earlier``,
-    a failure of another group, when there was one)."""
+    a failure of another group, when there was one). With ``limit`` (the bytes a receiver
+    takes), a notice whose message or list of ranks is very long is cut to fit."""
+    data = _encode_notice(seq, error, origin, earlier)
+    if limit is None or len(data) <= limit:
+        return data
+    short = copy.copy(error)
+    short.args = (error.message[: 16 << 10] + " [...]",)
+    if len(getattr(short, "waiting_for", ())) > 1024:
+        short.waiting_for = short.waiting_for[:1024]  # type: ignore[attr-defined]
+    return _encode_notice(seq, short, origin, None)
+
+
+def _encode_notice(seq: int, error: FerrodistError, origin: int, earlier: FerrodistError | None) -> bytes:
     attributes = {}
     for name in _ATTRIBUTES:
         value = getattr(error, name, None)
@@ -159,3 +174,25 @@ class Aborts:
         """Peers that sent a notice for ``channel``: the call each was in, and its earlier failure."""
         with self._lock:
             return dict(self._heard.get(channel, {}))
+
+
+def departure(rank: int, peer: int, why: bytes) -> PeerLost:
+    """The error for a peer that closed its transport because of a failure it names: the
+    culprit (``peer`` attribute) is the rank that failure names, not the messenger."""
+    _, cause = decode_notice(why, rank, peer)
+    named = getattr(cause, "peer", None)
+    waited = getattr(cause, "waiting_for", ())
+    culprit = named if named is not None and named != peer else (waited[0] if waited else peer)
+    return PeerLost(
+        f"rank {peer} closed its transport after a failure there: {cause.notice}",
+        peer=culprit,
+        rank=rank,
+    )
+
+
+def fresh(error: FerrodistError, context: str, awaited: int | None = None) -> FerrodistError:
+    """A new exception carrying a recorded error's class and attributes, for one more waiter
+    (``awaited``: the rank a failed receive was waiting for)."""
+    fresh = error.with_context(context)
+    fresh.awaited = awaited
+    return fresh

@@ -29,20 +29,20 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import AuthenticationFailed, CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
+from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
 
-from ._aborts import Aborts, Notice, channel_of, decode_notice, encode_notice
+from ._aborts import Aborts, Notice, channel_of, decode_notice, departure, encode_notice, fresh
 from ._accept import Refusals
-from ._auth import Secret, job_secret, where_to_listen
-from ._env import launch_info
+from ._auth import job_secret, where_to_listen
 from ._frames import ABORT, DATA, GOODBYE
 from ._link import DONE, NOTICE_LIMIT, Arrival, Done, Frame, Link, Pending, Recv
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._mesh import mesh
 from ._net import local_address
 from ._protocol import DEFAULT_TIMEOUT
-from ._rendezvous import Rendezvous, open_store, open_store_through, report_bad_start
+from ._rendezvous import Rendezvous, open_store, open_store_through
 from ._store import KeyValue, StoreClient, StoreServer
+from ._tcp_start import describe_start, report_start_failure, with_start_notes
 
 __all__ = ["TcpTransport"]
 
@@ -135,7 +135,7 @@ class TcpTransport:
             AuthenticationFailed: a peer (or the store) does not hold this job's secret.
         """
         deadline = time.monotonic() + timeout
-        where = _where(rank, master_addr, master_port, rendezvous)
+        where = describe_start(rank, master_addr, master_port, rendezvous)
         if not isinstance(world_size, int) or world_size < 1 or not isinstance(rank, int) or not 0 <= rank < world_size:
             bad = InvalidArgument(
                 f"rank {rank}: TcpTransport.connect: need 0 <= rank < world_size, got rank={rank!r}, "
@@ -143,7 +143,7 @@ class TcpTransport:
                 "a RANK below it"
             )
             if rendezvous is None and master_addr is not None and master_port is not None:
-                _report(bad, rank, world_size, master_addr, master_port, token, one_host)
+                report_start_failure(bad, rank, world_size, master_addr, master_port, token, one_host)
             raise bad
         what = f"rank {rank}: joining a job of {world_size} ranks through {where}"
         secret = job_secret(token, rank, world_size, launcher=rendezvous is None, deadline=deadline)
@@ -176,7 +176,7 @@ class TcpTransport:
             if stopped is not None:  # an abort came while rank 0 marked the job started
                 raise stopped
         except FerrodistError as exc:
-            error = _noted(exc, rdv, secret)
+            error = with_start_notes(exc, rdv, secret)
             self._leaving = error
             if rdv is not None and rdv.aborted and self._server is not None:
                 rdv.linger()  # the others read the reason from this store: keep it up until they have
@@ -205,7 +205,7 @@ class TcpTransport:
         (``error``), so that they fail now with that reason instead of at their timeout.
         Best effort, a few seconds at most; the caller raises ``error`` afterwards.
         ``token`` and ``one_host`` as for ``connect``."""
-        _report(error, rank, world_size, master_addr, master_port, token, one_host)
+        report_start_failure(error, rank, world_size, master_addr, master_port, token, one_host)
 
     def _add_link(self, peer: int, sock: socket.socket) -> None:
         self._links[peer] = Link(self, peer, sock)
@@ -275,7 +275,7 @@ class TcpTransport:
             self._abort_here(frame.tag, error, heard=(link.peer, seq))  # an ABORT frame's tag is the channel
             return
         if frame.kind == GOODBYE:
-            link._end(_departure(self._rank, link.peer, bytes(frame.payload or b"")))
+            link._end(departure(self._rank, link.peer, bytes(frame.payload or b"")))
             return
         arrival = frame.arrival
         if arrival is not None:
@@ -314,7 +314,7 @@ class TcpTransport:
         with self._cond:
             aborted = self._aborts.error(channel_of(tag))
             if aborted is not None:
-                pending.error, pending.done = _fresh(aborted, f"rank {self._rank}: receive from rank {src}", src), True
+                pending.error, pending.done = fresh(aborted, f"rank {self._rank}: receive from rank {src}", src), True
                 return Recv(self, pending, src)
             arrived = self._unexpected.get(key)
             if arrived:
@@ -355,7 +355,7 @@ class TcpTransport:
                 lost = self._aborts.error(channel) or self._lost.get(self._rank) or self._lost.get(src)
                 if lost is not None and not pending.claimed:
                     self._withdraw(pending, src)
-                    raise _fresh(lost, f"rank {self._rank} was waiting for a message from rank {src}", src)
+                    raise fresh(lost, f"rank {self._rank} was waiting for a message from rank {src}", src)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     if not pending.claimed:
@@ -396,7 +396,7 @@ class TcpTransport:
         payload = as_bytes(buf, "send")
         lost = self._aborts.error(channel_of(tag)) or self._lost.get(self._rank) or self._lost.get(dst)
         if lost is not None:
-            raise _fresh(lost, f"rank {self._rank} cannot send to rank {dst}")
+            raise fresh(lost, f"rank {self._rank} cannot send to rank {dst}")
         link = self._links[dst]
         limit = self._timeout if timeout is None else timeout
         try:
@@ -413,7 +413,7 @@ class TcpTransport:
         except OSError as exc:
             said = self._last_words(link, channel_of(tag))
             if said is not None:  # it left because of a failure it told us about: report that
-                raise _fresh(said, f"rank {self._rank} cannot send to rank {dst}") from None
+                raise fresh(said, f"rank {self._rank} cannot send to rank {dst}") from None
             error = PeerLost(
                 f"rank {self._rank} cannot send to rank {dst}: the connection broke "
                 f"({exc.strerror or exc}); it died or was killed",
@@ -510,7 +510,7 @@ class TcpTransport:
             # Passing a peer's failure on: say whose message the receive it stopped waited for.
             error = copy.copy(error)
             error.awaited = next(iter(senders))
-        notice = _notice(seq, error, self._rank, earlier)
+        notice = np.frombuffer(encode_notice(seq, error, self._rank, earlier, limit=NOTICE_LIMIT), np.uint8)
         for peer in peers:
             link = self._links.get(peer)
             if link is None or link.ended or peer in self._lost:
@@ -550,7 +550,7 @@ class TcpTransport:
                     arrival.drop()
             for key in [key for key in self._posted if channel_of(key[1]) == channel]:
                 for pending in self._posted.pop(key):
-                    pending.error = _fresh(first, f"rank {self._rank}: receive from rank {key[0]}", key[0])
+                    pending.error = fresh(first, f"rank {self._rank}: receive from rank {key[0]}", key[0])
                     pending.done = True
                     self._stopped.setdefault(channel, set()).add(key[0])
             self._cond.notify_all()
@@ -579,7 +579,7 @@ class TcpTransport:
             if self._closing or self._rank in self._lost:
                 return
         self._lose(self._rank, error)
-        why = _notice(-1, error, self._rank)
+        why = np.frombuffer(encode_notice(-1, error, self._rank, limit=NOTICE_LIMIT), np.uint8)
         for link in list(self._links.values()):
             if link.peer not in self._lost and not link.farewell:
                 try:
@@ -599,7 +599,9 @@ class TcpTransport:
             or self._lost.get(self._rank)
             or next((e for p, e in self._lost.items() if p != self._rank), None)
         )
-        why = None if cause is None else _notice(-1, cause, self._rank)
+        why = (
+            None if cause is None else np.frombuffer(encode_notice(-1, cause, self._rank, limit=NOTICE_LIMIT), np.uint8)
+        )
         for link in list(self._links.values()):
             try:
                 if link.peer not in self._lost and not link.farewell:
@@ -625,95 +627,3 @@ class TcpTransport:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _where(rank: object, master_addr: str | None, master_port: int | None, rendezvous: KeyValue | None) -> str:
-    """How the job starts, for messages; ``InvalidArgument`` when ``connect`` was told neither way."""
-    if rendezvous is not None:
-        if not isinstance(rendezvous, KeyValue):
-            raise InvalidArgument(
-                f"rank {rank}: TcpTransport.connect: rendezvous= needs get(key) and set(key, value) methods (a "
-                f"key-value store such as torch.distributed.TCPStore), not a {type(rendezvous).__name__}"
-            )
-        return f"the key-value store {type(rendezvous).__name__}"
-    if master_addr is None or master_port is None:
-        raise InvalidArgument(
-            f"rank {rank}: TcpTransport.connect: give master_addr= and master_port= (where rank 0 hosts the store), "
-            "or rendezvous= (a key-value store every rank reaches)"
-        )
-    return f"{master_addr}:{master_port}"
-
-
-def _departure(rank: int, peer: int, why: bytes) -> PeerLost:
-    """The error for a peer that closed its transport because of a failure it names: the
-    culprit (``peer`` attribute) is the rank that failure names, not the messenger."""
-    _, cause = decode_notice(why, rank, peer)
-    named = getattr(cause, "peer", None)
-    waited = getattr(cause, "waiting_for", ())
-    culprit = named if named is not None and named != peer else (waited[0] if waited else peer)
-    return PeerLost(
-        f"rank {peer} closed its transport after a failure there: {cause.notice}",
-        peer=culprit,
-        rank=rank,
-    )
-
-
-def _report(
-    error: FerrodistError,
-    rank: object,
-    world_size: object,
-    master_addr: str,
-    master_port: int,
-    token: bytes | None,
-    one_host: bool | None,
-) -> None:
-    """``report_bad_start`` with the job's secret and master address as ``connect`` finds them
-    (but no MPI broadcast: this process will not be in the one the others make)."""
-    try:
-        secret = job_secret(token, -1, -1, launcher=True, deadline=time.monotonic() + 1.0)
-        if one_host is None:
-            try:
-                info = launch_info()
-            except InvalidArgument:  # this process's own variables are what is wrong
-                info = None
-            one_host = info is not None and info.single_host
-        master_addr, _ = where_to_listen(
-            secret, master_addr, local_address(master_addr), one_host=one_host, rank=-1, world_size=-1, what=""
-        )
-    except FerrodistError:
-        return  # nothing to report to: without a secret, the others refuse to start across hosts
-    report_bad_start(rank, world_size, master_addr, master_port, secret.key, error)
-
-
-def _notice(seq: int, error: FerrodistError, origin: int, earlier: FerrodistError | None = None) -> np.ndarray:
-    """An abort notice or a goodbye's reason, as bytes to send: cut to fit ``NOTICE_LIMIT``
-    (a receiver refuses longer ones) when its message or its list of ranks is very long."""
-    data = encode_notice(seq, error, origin, earlier)
-    if len(data) > NOTICE_LIMIT:
-        short = copy.copy(error)
-        short.args = (error.message[: 16 << 10] + " [...]",)
-        if len(getattr(short, "waiting_for", ())) > 1024:
-            short.waiting_for = short.waiting_for[:1024]  # type: ignore[attr-defined]
-        data = encode_notice(seq, short, origin)
-    return np.frombuffer(data, np.uint8)
-
-
-def _noted(error: FerrodistError, rdv: Rendezvous | None, secret: Secret) -> FerrodistError:
-    """A start's ``error``, with what it may have to do with: connections from outside the
-    job that were refused meanwhile, and where this rank's secret came from."""
-    note = rdv.outside() if rdv is not None and not rdv.aborted else ""
-    if isinstance(error, AuthenticationFailed) and secret.source not in ("", "FERRODIST_TOKEN", "the token given"):
-        note += f" (this rank's secret: {secret.source})"
-    if not note:
-        return error
-    noted = copy.copy(error)
-    noted.args = (error.message + note,)
-    return noted
-
-
-def _fresh(error: FerrodistError, context: str, awaited: int | None = None) -> FerrodistError:
-    """A new exception carrying a recorded error's class and attributes, for one more waiter
-    (``awaited``: the rank a failed receive was waiting for)."""
-    fresh = error.with_context(context)
-    fresh.awaited = awaited
-    return fresh

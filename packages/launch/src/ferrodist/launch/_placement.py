@@ -1,0 +1,33 @@
+"""Where one launcher's ranks sit in a job of one or several nodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._channel import rank_token
+from ._judge import Node
+
+__all__ = ["Placement", "place"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this launcher's ranks sit in the job, and what every rank is told."""
+
+    node_rank: int
+    nnodes: int
+    first_rank: int
+    local_size: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    token: str
+    job: str
+    nodes: tuple[Node, ...] = ()
+
+
+def place(nodes: tuple[Node, ...], node_rank: int, addr: str, port: int, token: str, job: str) -> Placement:
+    """The placement of node ``node_rank``'s ranks in a job of ``nodes``."""
+    me = nodes[node_rank]
+    world = sum(n.count for n in nodes)
+    return Placement(node_rank, len(nodes), me.first, me.count, world, addr, port, rank_token(token, job), job, nodes)
