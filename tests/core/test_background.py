@@ -9,12 +9,14 @@ which a process may exit or fork under.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -33,6 +35,26 @@ from ferrodist.core.kernels import (
 )
 
 RNG_SEED = 20260514
+
+
+@contextlib.contextmanager
+def compiler_busy() -> Iterator[None]:
+    """Numba's compiler lock held by another thread for the duration of the block."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with global_compiler_lock:
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        yield
+    finally:
+        release.set()
+        holder.join()
 
 
 def _sources(dt, op, k: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -92,17 +114,7 @@ def test_a_front_without_code_raises_at_once_even_while_the_compiler_is_busy():
     front = background(twice)
     x = np.arange(4, dtype=np.int64)
     twice(x)  # compiled in this thread for int64 arrays (a test may)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with global_compiler_lock:  # what a long compile on the background thread does
-            holding.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert holding.wait(10)
+    with compiler_busy():  # what a long compile on the background thread does
         start = time.monotonic()
         with pytest.raises(NotCompiled) as missing:
             front(x)  # its dispatcher has the code, the front has not been given it
@@ -111,9 +123,6 @@ def test_a_front_without_code_raises_at_once_even_while_the_compiler_is_busy():
         assert time.monotonic() - start < 1.0
         assert missing.value.front is front
         assert len(missing.value.types) == 1
-    finally:
-        release.set()
-        holder.join()
     ticket = prepare([(front, missing.value.types)])
     assert ticket.wait(30) and ticket.failed is None
     assert prepare([(front, missing.value.types)]) is ticket  # asked again: the same ticket
@@ -127,24 +136,11 @@ def test_compiled_code_runs_while_another_thread_compiles():
     a = np.ones(1 << 16, bfloat16.numpy)
     fold(a, [a, a], 1.0)
     assert wait_for_compiles(120)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with global_compiler_lock:
-            holding.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert holding.wait(10)
+    with compiler_busy():  # what a long compile on the background thread does
         start = time.monotonic()
         for _ in range(20):
             fold(a, [a, a], 1.0)
         assert time.monotonic() - start < 1.0
-    finally:
-        release.set()
-        holder.join()
 
 
 def test_reducer_folds_with_numpy_while_its_kernel_waits_for_the_compiler():
@@ -154,24 +150,11 @@ def test_reducer_folds_with_numpy_while_its_kernel_waits_for_the_compiler():
     kind, _, opcode = plan(dt, op)
     rng = np.random.default_rng(7)
     srcs = [rng.normal(size=1000).astype(dt.numpy) for _ in range(5)]
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with global_compiler_lock:
-            holding.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert holding.wait(10)
+    with compiler_busy():  # what a long compile on the background thread does
         start = time.monotonic()
         out = np.empty(1000, dt.numpy)
         reducer(dt, op)(out, srcs, 1.0)
         assert time.monotonic() - start < 1.0
-    finally:
-        release.set()
-        holder.join()
     np.testing.assert_array_equal(out, np.maximum.reduce(srcs))
     assert wait_for_compiles(300)
     front = background(fold_kernel(kind, opcode, False, -1))
