@@ -11,6 +11,7 @@ from typing import Any
 
 from ferrodist.core import InvalidArgument, ReduceOp
 
+from . import _objects, _tensors
 from ._group import ProcessGroup
 from ._state import resolve
 from ._timeouts import Timeout
@@ -220,6 +221,23 @@ def irecv(
     return g.irecv(tensor, _source(g, "irecv", src, group_src), tag)
 
 
+def sole_peer(g: ProcessGroup, operation: str) -> int:
+    """The group rank a receive from any source can come from: the other rank of a group
+    of two. Larger groups raise: a transport matches a message by (sender, tag), so
+    "whichever sender comes first" cannot be asked of it without taking a message that a
+    later receive is waiting for."""
+    if g.size == 2:
+        return 1 - g.member_rank(operation)
+    g.member_rank(operation)
+    raise InvalidArgument(
+        f"rank {g.global_rank}: {operation}: src=None (any source) works in a group of two ranks only; this group "
+        f"has {g.size}. ferrodist's transports match a message by its sender and tag, so waiting for whichever "
+        "rank sends first could take a message that a later receive is waiting for: pass src= (the sender's rank)",
+        rank=g.global_rank,
+        operation=operation,
+    )
+
+
 def _destination(g: ProcessGroup, operation: str, dst: int | None, group_dst: int | None) -> int:
     peer = peer_rank(g, operation, dst, group_dst, "dst")
     if peer is None:
@@ -233,7 +251,7 @@ def _destination(g: ProcessGroup, operation: str, dst: int | None, group_dst: in
 
 def _source(g: ProcessGroup, operation: str, src: int | None, group_src: int | None) -> int:
     peer = peer_rank(g, operation, src, group_src, "src")
-    return g.sole_peer(operation) if peer is None else peer
+    return sole_peer(g, operation) if peer is None else peer
 
 
 # -- torch's other names ---------------------------------------------------------------------------
@@ -246,8 +264,10 @@ def all_gather_into_tensor(
     timeout: Timeout = None,
 ) -> Work | None:
     """Every rank's ``input_tensor`` into ``output_tensor`` (concatenated along dim 0, or
-    stacked). See ``ProcessGroup.all_gather_into_tensor``."""
-    return resolve(group).all_gather_into_tensor(output_tensor, input_tensor, async_op=async_op, timeout=timeout)
+    stacked)."""
+    return _tensors.all_gather_into_tensor(
+        resolve(group), output_tensor, input_tensor, async_op=async_op, timeout=timeout
+    )
 
 
 def reduce_scatter_tensor(
@@ -260,8 +280,8 @@ def reduce_scatter_tensor(
     timeout: Timeout = None,
 ) -> Work | None:
     """Group rank i's ``output`` = the reduction of block i of every rank's ``input``
-    (blocks concatenated along dim 0, or stacked). See ``ProcessGroup.reduce_scatter_tensor``."""
-    return resolve(group).reduce_scatter_tensor(output, input, op, async_op=async_op, timeout=timeout)
+    (blocks concatenated along dim 0, or stacked)."""
+    return _tensors.reduce_scatter_tensor(resolve(group), output, input, op, async_op=async_op, timeout=timeout)
 
 
 def all_to_all_single(
@@ -300,19 +320,18 @@ def broadcast_object_list(
 ) -> None:
     """Global rank ``src``'s (default 0, or group rank ``group_src``) picklable objects into
     ``object_list`` on every rank (a list of the same length everywhere). ``device`` is
-    accepted and ignored: objects travel through host memory. See
-    ``ProcessGroup.broadcast_object_list``."""
+    accepted and ignored: objects travel through host memory."""
     g = resolve(group)
     root = peer_rank(g, "broadcast_object_list", src, group_src, "src")
-    g.broadcast_object_list(object_list, g.group_rank(0) if root is None else root, timeout=timeout)
+    _objects.broadcast_object_list(g, object_list, g.group_rank(0) if root is None else root, timeout=timeout)
 
 
 def all_gather_object(
     object_list: list[Any], obj: Any, group: ProcessGroup | None = None, *, timeout: Timeout = None
 ) -> None:
     """Every rank's picklable ``obj`` into ``object_list`` (one entry per rank, in rank
-    order). See ``ProcessGroup.all_gather_object``."""
-    resolve(group).all_gather_object(object_list, obj, timeout=timeout)
+    order)."""
+    _objects.all_gather_object(resolve(group), object_list, obj, timeout=timeout)
 
 
 def gather_object(
@@ -325,10 +344,10 @@ def gather_object(
     timeout: Timeout = None,
 ) -> None:
     """Every rank's picklable ``obj`` into ``object_gather_list`` on global rank ``dst``
-    (default 0, or group rank ``group_dst``); ``None`` elsewhere. See ``ProcessGroup.gather_object``."""
+    (default 0, or group rank ``group_dst``); ``None`` elsewhere."""
     g = resolve(group)
     root = peer_rank(g, "gather_object", dst, group_dst, "dst")
-    g.gather_object(obj, object_gather_list, g.group_rank(0) if root is None else root, timeout=timeout)
+    _objects.gather_object(g, obj, object_gather_list, g.group_rank(0) if root is None else root, timeout=timeout)
 
 
 def scatter_object_list(
@@ -341,11 +360,11 @@ def scatter_object_list(
     timeout: Timeout = None,
 ) -> None:
     """Entry i of ``scatter_object_input_list`` on global rank ``src`` (default 0, or group
-    rank ``group_src``) into entry 0 of group rank i's ``scatter_object_output_list``.
-    See ``ProcessGroup.scatter_object_list``."""
+    rank ``group_src``) into entry 0 of group rank i's ``scatter_object_output_list``."""
     g = resolve(group)
     root = peer_rank(g, "scatter_object_list", src, group_src, "src")
-    g.scatter_object_list(
+    _objects.scatter_object_list(
+        g,
         scatter_object_output_list,
         scatter_object_input_list,
         g.group_rank(0) if root is None else root,

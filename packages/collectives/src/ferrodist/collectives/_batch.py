@@ -15,9 +15,10 @@ from typing import Any
 from ferrodist.core import InvalidArgument
 
 from ._api import irecv, isend, peer_rank
+from ._checks import on_group
 from ._group import ProcessGroup
 from ._state import resolve
-from ._work import RequestWork, Work
+from ._work import Work
 
 
 class P2POp:
@@ -51,7 +52,7 @@ class P2POp:
             )
         name = "isend" if op is isend else "irecv"
         local = peer_rank(g, name, peer, group_peer, "peer")
-        check = g._checker("P2POp")
+        check = on_group(g, "P2POp")
         if local is None:
             raise check.fail("name the peer with peer= (a global rank) or group_peer= (a rank of the group)")
         self.op = op
@@ -95,13 +96,11 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
         )
     prepared = []
     for item in p2p_op_list:  # every check first: an error starts nothing
-        sending = item.op is isend
-        name = "isend" if sending else "irecv"
-        prepared.append((sending, g._p2p(name, item.tensor, item.group_peer, item.tag, writeable=not sending)))
+        name = "isend" if item.op is isend else "irecv"
+        prepared.append(g._messages.prepare(name, on_group(g, name), item.tensor, item.group_peer, item.tag))
     works: list[Work | None] = [None] * len(prepared)
     for phase in (False, True):  # receives first: incoming bytes land in place, not in a holding buffer
-        for i, (sending, (x, peer, wire_tag, context, dev)) in enumerate(prepared):
-            if sending is phase:
-                request = g._start(x, peer, wire_tag, dev, sending=sending)
-                works[i] = RequestWork(context, request, g.timeout, context)
+        for i, message in enumerate(prepared):
+            if message.sending is phase:
+                works[i] = message.start()
     return [w for w in works if w is not None]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from ferrodist.core import (
 )
 
 from ._call import Array
+
+if TYPE_CHECKING:
+    from ._group import ProcessGroup as Group
 
 
 class Blocks(list):  # type: ignore[type-arg]
@@ -109,6 +112,13 @@ class Checker:
                 raise self.fail(f"{what} has {len(obj)} entries but the group has {size} ranks")
             return [self.tensor(item, f"{what}[{i}]", writeable=writeable) for i, item in enumerate(obj)]
         raise self.fail(f"{what} must be a list of {size} tensors, not {type(obj).__name__}")
+
+
+def on_group(group: Group, operation: str) -> Checker:
+    """The checks of ``operation`` on ``group``, after making sure this rank may use it
+    (``member_rank`` raises for a rank outside the group or a destroyed group)."""
+    group.member_rank(operation)
+    return Checker(group.global_rank, operation)
 
 
 def split_equally(checker: Checker, obj: object, size: int, what: str, *, writeable: bool) -> list[Tensor]:

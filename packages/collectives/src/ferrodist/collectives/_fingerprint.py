@@ -28,10 +28,6 @@ OPERATIONS = (
     "all_to_all",
     "barrier",
     # Calls made of several steps, each run as one call with a fingerprint of its own.
-    "broadcast_object_list",
-    "all_gather_object",
-    "gather_object",
-    "scatter_object_list",
     "all_to_all_single",
     "monitored_barrier",
     # A group's choice of engine for CUDA tensors, in its first call on them.

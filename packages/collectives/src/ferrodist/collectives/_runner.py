@@ -1,9 +1,9 @@
 """Running one group's calls: each numbered as issued, run in its turn (here or on the
 group's async worker) under its deadline, and on failure framed and the group aborted.
 
-A ``ProcessGroup`` checks arguments and picks a route; it hands the ``Runner`` a body
-(``body(call)``) and the call's fingerprint. Calls validated before skip the checks
-(``fast`` / ``fast_call``) but not the order, the deadline or the failure handling.
+A ``ProcessGroup`` checks arguments and plans the call (``_route``); it hands the
+``Runner`` the plan (``run``) or a body of its own with a fingerprint (``launch``). A
+planned call skips nothing of the order, the deadline or the failure handling.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ferrodist.core import CollectiveMismatch, FerrodistError, GroupAborted
 from ferrodist.transport import Transport
@@ -26,6 +27,9 @@ from ._timeouts import Timeout, seconds
 from ._work import Work, Worker
 
 Body = Callable[[Call], None]
+
+if TYPE_CHECKING:
+    from ._route import Plan
 
 
 def foreign(exc: Exception) -> FerrodistError:
@@ -124,39 +128,26 @@ class Runner:
         self._get_worker().submit(run, work)
         return work
 
-    def fast(self, operation: str, run: Callable[[float, int], None]) -> None:
-        """Run a call validated before on the transport's own collectives:
-        ``run(deadline, seq)``, in this thread, in its turn."""
-        if self.closed:
-            self.member(operation)  # raises
-        order = self.order
-        seq = order.issue()
-        tracer = self.tracer
-        issued = started = _trace.now() if tracer is not None else 0
-        failed = True
-        try:
-            if order.turn != seq or order.blocked is not None:
-                self._enter(seq, self.timeout, operation)
-                if tracer is not None:
-                    started = _trace.now()
-            order.entered = seq
-            run(time.monotonic() + self.timeout, seq)
-            failed = False
-        except FerrodistError as exc:
-            raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
-        except Exception as exc:
-            raise self._fail(foreign(exc), operation, seq).with_traceback(exc.__traceback__) from exc
-        finally:
-            order.done(seq)
-            if tracer is not None:
-                self._traced(tracer, operation, seq, 0, "transport", issued, started, failed, False)
-
-    def fast_call(self, operation: str, fp: int, body: Body) -> None:
-        """Run a call validated before with one of our algorithms: ``body(call)``, in this
-        thread, in its turn."""
+    def run(
+        self, plan: Plan, arrays: tuple[Any, ...], async_op: bool, timeout: Timeout, shape: tuple[int, ...] = ()
+    ) -> Work | None:
+        """Run a planned call: ``plan.body(call, *arrays)``. With no option that needs the
+        general path (async, a timeout of its own, debug mode's comparison of ``shape``), it
+        runs here with nothing but the ordering, the deadline and the failure handling around it."""
+        body = plan.body
+        if async_op or timeout is not None or self.debug:
+            return self.launch(
+                plan.operation,
+                lambda call: body(call, *arrays),
+                plan.fingerprint,
+                async_op=async_op,
+                timeout=timeout,
+                shape=shape,
+                route=plan.route,
+            )
         rank = self.rank
         if rank is None or self.closed:
-            rank = self.member(operation)  # raises
+            rank = self.member(plan.operation)  # raises
         order = self.order
         seq = order.issue()
         tracer = self.tracer
@@ -164,21 +155,23 @@ class Runner:
         failed = True
         try:
             if order.turn != seq or order.blocked is not None:
-                self._enter(seq, self.timeout, operation)
+                self._enter(seq, self.timeout, plan.operation)
                 if tracer is not None:
                     started = _trace.now()
             order.entered = seq
             deadline = time.monotonic() + self.timeout
-            body(Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq))
+            fp = plan.fingerprint
+            body(Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq), *arrays)
             failed = False
         except FerrodistError as exc:
-            raise self._fail(exc, operation, seq).with_traceback(exc.__traceback__) from None
+            raise self._fail(exc, plan.operation, seq).with_traceback(exc.__traceback__) from None
         except Exception as exc:
-            raise self._fail(foreign(exc), operation, seq).with_traceback(exc.__traceback__) from exc
+            raise self._fail(foreign(exc), plan.operation, seq).with_traceback(exc.__traceback__) from exc
         finally:
             order.done(seq)
             if tracer is not None:
-                self._traced(tracer, operation, seq, fp, "ferrodist", issued, started, failed, False)
+                self._traced(tracer, plan.operation, seq, plan.fingerprint, plan.route, issued, started, failed, False)
+        return None
 
     def _traced(
         self,

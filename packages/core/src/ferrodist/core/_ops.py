@@ -37,5 +37,10 @@ class ReduceOp(enum.Enum):
         names = ", ".join(cls.__members__)
         raise InvalidArgument(f"{value!r} is not a reduce op; use one of ReduceOp.{{{names}}}")
 
+    def divisor(self, sources: int) -> float:
+        """What the combined value is divided by when ``sources`` values were combined:
+        ``sources`` for ``AVG``, 1 for every other op."""
+        return float(sources) if self is ReduceOp.AVG else 1.0
+
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}"

@@ -192,7 +192,7 @@ def reduce_many(dst: object, srcs: Sequence[object], op: ReduceOp | str = Reduce
     op = ReduceOp.coerce(op)
     out, ins = _flat_operands(dst, srcs, "reduce_many")
     check_op(op, out.dtype, operation="reduce_many")
-    divisor = float(len(ins)) if op is ReduceOp.AVG else 1.0
+    divisor = op.divisor(len(ins))
     reducer(out.dtype, op)(out.flat(), [t.flat() for t in ins], divisor)
 
 
@@ -208,5 +208,5 @@ def reduce_into(dst: object, src: object, op: ReduceOp | str = ReduceOp.SUM) -> 
     op = ReduceOp.coerce(op)
     out, ins = _flat_operands(dst, [src], "reduce_into")
     check_op(op, out.dtype, operation="reduce_into")
-    divisor = 2.0 if op is ReduceOp.AVG else 1.0
+    divisor = op.divisor(2)
     reducer(out.dtype, op)(out.flat(), [out.flat(), ins[0].flat()], divisor)

@@ -15,7 +15,7 @@ from ._device import CPU, Device, device
 from ._dtypes import DType, bfloat16, dtype
 from ._errors import InvalidArgument
 
-__all__ = ["Tensor", "as_tensor", "is_torch_module"]
+__all__ = ["Tensor", "as_tensor", "host_view", "is_torch_module"]
 
 
 class Tensor:
@@ -259,6 +259,32 @@ def as_tensor(obj: object) -> Tensor:
     if not view.c_contiguous:
         raise InvalidArgument(_non_contiguous_message(view.shape or (), view.strides or ()))
     return Tensor(np.asarray(view), source=obj)
+
+
+def host_view(obj: object) -> np.ndarray[Any, Any] | None:
+    """``obj``'s memory as a C-contiguous numpy array, found cheaply, when ``obj`` is an
+    array in host memory that needs no closer look: a numpy array, a CPU :class:`Tensor`
+    or a PyTorch CPU tensor (bfloat16 included, as ``bfloat16``). None for anything else,
+    which :func:`as_tensor` then views (or explains why it cannot). The array's dtype may
+    still be one ferrodist does not move: the caller checks that once through ``as_tensor``.
+    """
+    kind = type(obj)
+    if kind is np.ndarray:
+        return obj if obj.flags.c_contiguous else None  # type: ignore[attr-defined, return-value]
+    if kind is Tensor:
+        return None if obj.is_cuda else obj._array  # type: ignore[attr-defined]
+    if kind.__module__.partition(".")[0] != "torch":
+        return None
+    try:
+        array: np.ndarray[Any, Any] = obj.numpy()  # type: ignore[attr-defined]  # CPU, no autograd, numpy's dtypes
+    except (TypeError, RuntimeError):  # bfloat16, requires_grad, a CUDA tensor, conj/neg views: look closer
+        if obj.device.type != "cpu":  # type: ignore[attr-defined]
+            return None
+        try:
+            return _from_torch(obj)._array
+        except InvalidArgument:
+            return None
+    return array if array.flags.c_contiguous else None
 
 
 def _from_dlpack(obj: Any) -> Tensor:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from ferrodist.collectives import ProcessGroup, destroy_process_group
+from ferrodist.collectives import ProcessGroup, destroy_process_group, sole_peer
 from ferrodist.core import InvalidArgument, ReduceOp
 
 from . import _forms as forms
@@ -424,7 +424,7 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         waiting for; pass ``src=`` there."""
         tensor = self._one(tensors, "recv_anysource")
         g = self.ferrodist_group
-        peer = g.sole_peer("recv_anysource")
+        peer = sole_peer(g, "recv_anysource")
         staging = Staging(g.rank, "recv_anysource")
         inner = g.irecv(staging.arg(tensor, output=True), peer, int(tag))
         return FerrodistWork(

@@ -107,7 +107,7 @@ class ShmCollectives:
                 self._plans.clear()
             a = self._a
             views = [[a.slot(q, s, dt.numpy, count) for q in range(a.world)] for s in range(a.slots)]
-            plan = self._plans[key] = (views, self._fold(dt, op), float(a.world) if op is ReduceOp.AVG else 1.0)
+            plan = self._plans[key] = (views, self._fold(dt, op), op.divisor(a.world))
         return plan
 
     def _fold(self, dt: DType, op: ReduceOp) -> Any:
@@ -172,7 +172,7 @@ class ShmCollectives:
         from their owners' slots. ``x`` is read once and written once, and its lines are
         still in cache when they are written. float16/bfloat16 fold in float32 blocks."""
         a, p = self._a, self._a.world
-        divisor = float(p) if op is ReduceOp.AVG else 1.0
+        divisor = op.divisor(p)
         self._per(dt)  # the chunk must hold an element
         if p > 1 and x.shape[0] == 0:
             self._sync(deadline, fingerprint, seq)
@@ -200,7 +200,7 @@ class ShmCollectives:
         p = self._a.world
         if p < 2:
             return ()
-        divisor = float(p) if op is ReduceOp.AVG else 1.0
+        divisor = op.divisor(p)
         kind, view, opcode = plan(dt, op)  # kind: 0, or the 16-bit float type (BF16, F16)
         return (view, opcode, divisor, kind)
 
@@ -293,7 +293,7 @@ class ShmCollectives:
     ) -> None:
         """Per chunk: a rank copies into its slot the parts other ranks reduce, then reduces
         its own part from its input and the peers' slots straight into ``out``."""
-        divisor = float(self._a.world) if op is ReduceOp.AVG else 1.0
+        divisor = op.divisor(self._a.world)
         n = out.shape[0]
         self._per(dt, parts=self._a.world)
         pairwise = pairwise_opcode(dt, op)
@@ -322,7 +322,7 @@ class ShmCollectives:
         """``_stepwise.reduce_scatter`` (float16/bfloat16, an ``out`` inside ``blocks``, or the
         compiled loop not ready); every rank takes it for float16/bfloat16: ``reducer``'s bits."""
         p = self._a.world
-        divisor = float(p) if op is ReduceOp.AVG else 1.0
+        divisor = op.divisor(p)
         per = self._per(dt, parts=p)
         _stepwise.reduce_scatter(
             self._a, self._health, blocks, out, reducer(dt, op), divisor, per, deadline, fingerprint, seq
