@@ -40,6 +40,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "float16",
         "float32",
         "float64",
+        "host_view",
         "int8",
         "int16",
         "int32",

@@ -347,7 +347,7 @@ def test_recv_from_any_source_in_a_larger_group_says_to_name_the_sender_and_take
         if me != 0:
             return None
         got = torch.zeros(1)
-        with pytest.raises(InvalidArgument, match=r"rank 0: recv_anysource: src=None \(any source\) works in a group"):
+        with pytest.raises(InvalidArgument, match=r"rank 0: irecv: src=None \(any source\) works in a group"):
             group.recv_anysource([got])
         group.recv([got], 2).wait()  # the message is still there for a receive that names its sender
         return got.item()

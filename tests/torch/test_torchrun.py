@@ -78,6 +78,9 @@ def test_every_collective_matches_the_numpy_references(tmp_path, transport):
         found = re.search(rf"rank {rank} of 2: (\d+) cases passed over {name}", out)
         assert found is not None, explain(done, outputs)
         assert int(found.group(1)) >= 150  # every dtype x op, the copies, all_to_all, p2p, forms
+        # the default group started the only transport: every new_group (several in the
+        # script, and DeviceMesh dimensions alike) is a subgroup over it
+        assert f"rank {rank}: transports started: 1;" in out, explain(done, outputs)
 
 
 def test_ferrodist_run_starts_the_torch_backend_too(tmp_path):

@@ -11,6 +11,7 @@ which Gloo lacks); shapes, roots and split sizes are drawn. Prints one line per 
 from __future__ import annotations
 
 import sys
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -276,7 +277,28 @@ def run_layouts_and_forms(c: Cases) -> None:
     dist.barrier(async_op=True).wait(timeout=timedelta(seconds=30))
 
 
+def time_a_new_group() -> float:
+    """new_group and its first all_reduce, in milliseconds; the group shares the world's
+    transport (checked here: same object)."""
+    dist.barrier()
+    start = time.perf_counter()
+    group = dist.new_group(list(range(dist.get_world_size())), backend="ferrodist")
+    x = torch.ones(4)
+    dist.all_reduce(x, group=group)
+    took = (time.perf_counter() - start) * 1000
+    assert x.tolist() == [float(dist.get_world_size())] * 4, x
+    world = dist.group.WORLD.ferrodist_group
+    assert group.ferrodist_group.transport is world.transport, "a new group opened a transport of its own"
+    dist.destroy_process_group(group)
+    return took
+
+
 def main() -> None:
+    from ferrodist.torch import _register
+
+    connects = []
+    real = _register.connect
+    _register.connect = lambda *args, **kwargs: connects.append(args[0]) or real(*args, **kwargs)
     dist.init_process_group("ferrodist")
     c = Cases(dist.get_rank(), dist.get_world_size())
     run_reductions(c)
@@ -284,9 +306,11 @@ def main() -> None:
     run_all_to_all(c)
     run_point_to_point(c)
     run_layouts_and_forms(c)
+    took = min(time_a_new_group() for _ in range(3))
     transport = type(dist.group.WORLD.ferrodist_group.transport).__name__
     dist.destroy_process_group()
     print(f"rank {c.rank} of {c.size}: {c.count} cases passed over {transport}", flush=True)
+    print(f"rank {c.rank}: transports started: {len(connects)}; new_group + first all_reduce: {took:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from ._api import (
     scatter,
     scatter_object_list,
     send,
-    sole_peer,
 )
 from ._batch import P2POp, batch_isend_irecv
 from ._group import ProcessGroup
@@ -100,5 +99,4 @@ __all__ = [
     "scatter_object_list",
     "send",
     "send_object_list",
-    "sole_peer",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,10 @@ from ._select import all_reduce_algorithm
 from ._timeouts import Timeout
 from ._work import Work
 
+#: The channels of groups made by their members only (``subgroup``): bit 30 set, apart
+#: from the small numbers ``new_group`` counts up.
+_SUBGROUP_CHANNELS = 1 << 30
+
 
 class ProcessGroup:
     """Ranks that run collectives together; made by ``init_process_group`` (the world) and
@@ -66,6 +71,7 @@ class ProcessGroup:
         name: str,
         debug: bool = False,
         cuda_route: str | None = None,
+        native: bool = True,
     ) -> None:
         self._transport = transport
         self._debug = debug
@@ -79,14 +85,16 @@ class ProcessGroup:
             transport, ranks, group_id, name=name, timeout=self._timeout, debug=debug, member=self.member_rank
         )
         # The transport's own collectives for these ranks (MPI's, the shm arena's), or None.
-        # Every rank of the world builds every group, so this may be a collective call.
-        native = transport.native_collectives(self._ranks, group_id)
+        # Every rank of the world builds every group, so this may be a collective call; a
+        # group made by its members only (``subgroup``) asks for none.
+        own = transport.native_collectives(self._ranks, group_id) if native else None
         devices = DeviceRoute(requested_route(cuda_route, rank=transport.rank))
         info = GroupInfo(name, -1 if self._rank is None else self._rank, len(self._ranks), self._timeout)
-        self._route = Route(self._runner, native, devices, info, debug=debug)
+        self._route = Route(self._runner, own, devices, info, debug=debug)
         self._messages = Messages(transport, self._runner, self._ranks, group_id, name, self._timeout)
         self._child_ids = itertools.count(1)  # ids of the groups new_group derives from this one
         self._children: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
+        self._named: dict[int, tuple[str, ProcessGroup]] = {}  # channel -> the subgroup on it
         self._destroyed = False
 
     # -- identity ------------------------------------------------------------------------------
@@ -176,6 +184,44 @@ class ProcessGroup:
             debug=self._debug,
             cuda_route=self._route.devices.requested if cuda_route is None else cuda_route,
         )
+        self._children.add(child)
+        return child
+
+    def subgroup(self, ranks: Sequence[int], *, name: str, timeout: float | None = None) -> ProcessGroup:
+        """A group of some of this group's ranks (global ranks) over the same transport, made
+        by its members only, as torch makes a backend's groups: no socket, arena or rendezvous
+        of its own, but its own call numbering, scratch and worker, on a channel derived from
+        ``name`` (which every member passes alike). It runs our algorithms (a transport's own
+        collectives are made by every rank of the world at once). Shut down with this group."""
+        members = tuple(int(r) for r in ranks)
+        outside = [r for r in members if r not in self._ranks]
+        if outside or self._global_rank not in members:
+            raise InvalidRank(
+                f"rank {self._global_rank}: subgroup {name}: ranks {list(members)} must be members of group "
+                f"{self._name} (members: {list(self._ranks)}) and include this rank",
+                rank=self._global_rank,
+                operation="subgroup",
+            )
+        channel = _SUBGROUP_CHANNELS | (zlib.crc32(name.encode()) & (_SUBGROUP_CHANNELS - 1))
+        taken = self._named.get(channel)
+        if taken is not None and taken[0] != name and not taken[1]._destroyed:
+            raise InvalidArgument(
+                f"rank {self._global_rank}: subgroup {name}: its channel is taken by subgroup {taken[0]}; "
+                "give it another name",
+                rank=self._global_rank,
+                operation="subgroup",
+            )
+        child = ProcessGroup(
+            self._transport,
+            members,
+            channel,
+            timeout=self._timeout if timeout is None else timeout,
+            name=name,
+            debug=self._debug,
+            cuda_route=self._route.devices.requested,
+            native=False,
+        )
+        self._named[channel] = (name, child)
         self._children.add(child)
         return child
 

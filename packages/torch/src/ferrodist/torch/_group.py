@@ -7,8 +7,9 @@ turns torch's tensors and options into one call of the ferrodist ``ProcessGroup`
 (group ranks are the same in both), blocking when torch says ``asyncOp=False`` and on
 the group's worker otherwise, and returns a ``FerrodistWork``.
 
-Every torch group gets a ferrodist group over a transport of its own, whose ranks are
-the torch group's ranks, so calls on two groups never share state.
+The default torch group gets a ferrodist group over a transport of its own; later torch
+groups are subgroups of it (``ProcessGroup.subgroup``): the same transport, their own
+channel, call numbering and worker, so calls on two groups never share state.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from ferrodist.collectives import ProcessGroup, destroy_process_group, sole_peer
+from ferrodist.collectives import ProcessGroup, destroy_process_group, irecv
 from ferrodist.core import InvalidArgument, ReduceOp
 
 from . import _forms as forms
@@ -42,7 +43,7 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         store: torch's store of this group (prefixed for it), which the group started through.
     """
 
-    def __init__(self, group: ProcessGroup, store: Any, *, description: str) -> None:
+    def __init__(self, group: ProcessGroup, store: Any, *, description: str, owns_transport: bool = True) -> None:
         # torch 2.13 builds Python subclasses through its trampoline from (rank, size) only
         super().__init__(group.rank, group.size)  # type: ignore[call-arg]
         self.store = store
@@ -51,6 +52,7 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._completer = Completer(f"ferrodist-torch-{description}-futures")
         self._calls = 0
         self._closed = False
+        self._owns_transport = owns_transport  # False for a subgroup over its world's transport
         self._group_name = description
         self._group_desc = "undefined"
 
@@ -424,9 +426,9 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         waiting for; pass ``src=`` there."""
         tensor = self._one(tensors, "recv_anysource")
         g = self.ferrodist_group
-        peer = sole_peer(g, "recv_anysource")
         staging = Staging(g.rank, "recv_anysource")
-        inner = g.irecv(staging.arg(tensor, output=True), peer, int(tag))
+        inner = irecv(staging.arg(tensor, output=True), group=g, tag=int(tag))  # no src: the other rank of two
+        peer = 1 - g.rank
         return FerrodistWork(
             f"recv from any source (group rank {peer}, tag {tag})",
             inner,
@@ -436,15 +438,22 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         )
 
     # -- lifetime ---------------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether ``shutdown`` ran."""
+        return self._closed
+
     def shutdown(self) -> None:
-        """Finish queued work (a few seconds at most) and close the transport (peers still
-        waiting on this rank get ``PeerLost`` at once). Idempotent."""
+        """Finish queued work (a few seconds at most) and close the transport unless it is
+        the world group's that this subgroup shares (peers still waiting on this rank get
+        ``PeerLost`` at once). Idempotent."""
         group = self.ferrodist_group
         if not self._closed:
             self._closed = True
             destroy_process_group(group)  # not a default group: stops its worker, keeps the transport
             self._completer.stop(5.0)
-            group.transport.close()
+            if self._owns_transport:
+                group.transport.close()
 
     def abort(self) -> None:
         self.shutdown()

@@ -6,6 +6,11 @@ prefixed for that group. The group's ranks start a ferrodist transport of their 
 through that store (``rendezvous=``): rank 0 hosts ferrodist's store on a port the OS
 picks and publishes it there, so nothing else has to be agreed on.
 
+The first group over every rank (the default group) starts the transport; every later
+group whose members it has (``new_group``, a ``DeviceMesh``'s dimensions) is a
+``subgroup`` of it: the same sockets or arena, a channel of its own, made by the members
+alone in milliseconds. A group made while no such world group lives starts its own.
+
 Which transport (``FERRODIST_TORCH_TRANSPORT``): ``shm`` when the launcher says every rank
 runs on this host (torchrun's and ``ferrodist run``'s ``LOCAL_WORLD_SIZE``), else ``tcp``
 (``auto``, the default; also ``tcp`` when the launcher's variables are there only in part,
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +35,8 @@ from ._group import FerrodistProcessGroup
 #: The transports a torch group can run over (``FERRODIST_TORCH_TRANSPORT``).
 TRANSPORTS = ("auto", "shm", "tcp", "mpi")
 _log = logging.getLogger("ferrodist.torch")
+#: The torch groups over every rank that started a transport, the live one last.
+_worlds: list[weakref.ref[FerrodistProcessGroup]] = []
 
 
 def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
@@ -38,6 +46,11 @@ def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
     timeout = _seconds(common.timeout)
     name = str(common.group_id)
     members = list(common.global_ranks_in_group) or list(range(size))
+    world = _world()
+    if world is not None and set(members) <= set(world.ranks):
+        group = world.subgroup(members, name=f"torch:{name}", timeout=timeout)
+        _log.info("torch process group %s (global ranks %s): a subgroup of %s", name, _listed(members), world.name)
+        return FerrodistProcessGroup(group, common.store, description=name, owns_transport=False)
     kind = choose_transport(size, name)
     transport = connect(kind, common.store, rank, size, timeout)
     group = ProcessGroup(
@@ -51,12 +64,30 @@ def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
     _log.info(
         "torch process group %s (global ranks %s): rank %d of %d over ferrodist's %s transport",
         name,
-        members if len(members) <= 16 else f"{members[:16]}...",
+        _listed(members),
         rank,
         size,
         type(transport).__name__,
     )
-    return FerrodistProcessGroup(group, common.store, description=name)
+    made = FerrodistProcessGroup(group, common.store, description=name)
+    if members == list(range(size)) and world is None:
+        _worlds.append(weakref.ref(made))
+    return made
+
+
+def _world() -> ProcessGroup | None:
+    """The ferrodist group of the live torch group over every rank (the default group) that
+    later groups share the transport of, or None."""
+    while _worlds:
+        made = _worlds[-1]()
+        if made is not None and not made.closed:
+            return made.ferrodist_group
+        _worlds.pop()
+    return None
+
+
+def _listed(members: list[int]) -> object:
+    return members if len(members) <= 16 else f"{members[:16]}..."
 
 
 def choose_transport(size: int, name: str = "0") -> str:

@@ -17,7 +17,6 @@ dies, its connection breaks, and every rank waiting on it raises ``PeerLost`` at
 
 from __future__ import annotations
 
-import collections
 import copy
 import os
 import select
@@ -35,7 +34,8 @@ from ._aborts import Aborts, Notice, channel_of, decode_notice, departure, encod
 from ._accept import Refusals
 from ._auth import job_secret, where_to_listen
 from ._frames import ABORT, DATA, GOODBYE
-from ._link import DONE, NOTICE_LIMIT, Arrival, Done, Frame, Link, Pending, Recv
+from ._link import DONE, NOTICE_LIMIT, Done, Frame, Link, Pending, Recv
+from ._mailbox import Mailbox
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._mesh import mesh
 from ._net import local_address
@@ -74,8 +74,7 @@ class TcpTransport:
         self._max_frame = max_frame_bytes
         self._links: dict[int, Link] = {}
         self._cond = threading.Condition()
-        self._posted: dict[tuple[int, int], collections.deque[Pending]] = collections.defaultdict(collections.deque)
-        self._unexpected: dict[tuple[int, int], collections.deque[Arrival]] = collections.defaultdict(collections.deque)
+        self._mailbox = Mailbox(rank, self._cond)  # posted receives and early arrivals, under _cond
         self._lost: dict[int, FerrodistError] = {}
         self._aborts = Aborts()
         self._stopped: dict[int, set[int]] = {}  # channel -> senders of the receives its abort failed
@@ -236,22 +235,13 @@ class TcpTransport:
     # -- receiving -----------------------------------------------------------------------------
     def _begin(self, link: Link, tag: int, fingerprint: int, length: int) -> Frame:
         """A DATA frame's header has arrived on ``link``: decide where its payload goes."""
-        key = (link.peer, tag)
         if self._aborts.error(channel_of(tag)) is not None:  # read and dropped: nobody will take it
             frame = Frame(tag, fingerprint, None, None)
             frame.left = length
             frame.next_piece()
             return frame
         with self._cond:
-            queue = self._posted.get(key)
-            pending = queue.popleft() if queue else None
-            if queue is not None and not queue:
-                del self._posted[key]
-            if pending is not None:
-                pending.claimed = True
-            else:  # kept until its receive is posted: pieces are allocated as its bytes come
-                arrival = Arrival(tag, fingerprint, length)
-                self._unexpected[key].append(arrival)
+            pending, arrival = self._mailbox.arriving(link.peer, tag, fingerprint, length)
         frame = Frame(tag, fingerprint, pending, None)
         if pending is None:
             frame.arrival = arrival
@@ -282,7 +272,7 @@ class TcpTransport:
             with self._cond:
                 arrival.done = True
                 if arrival.taker is not None:  # its receive was posted while the bytes were arriving
-                    self._fill(arrival.taker, link.peer, arrival)
+                    self._mailbox.fill(arrival.taker, link.peer, arrival)
                     self._cond.notify_all()
             return
         pending = frame.pending
@@ -293,47 +283,16 @@ class TcpTransport:
             pending.done = True
             self._cond.notify_all()
 
-    def _fill(self, pending: Pending, src: int, arrival: Arrival) -> None:
-        """Finish ``pending`` with the whole message ``arrival`` (or with why it does not fit)."""
-        pending.error = check_match(
-            self._rank, src, pending.tag, pending.buf.nbytes, pending.fingerprint, arrival.length, arrival.fingerprint
-        )
-        if pending.error is None:
-            offset = 0
-            for piece in arrival.pieces:
-                pending.buf[offset : offset + len(piece)] = np.frombuffer(piece, np.uint8)
-                offset += len(piece)
-        arrival.pieces = []
-        pending.done = True
-
     def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> Recv:
         src = check_peer(self._rank, self._world_size, src, "recv")
         tag = check_tag(tag, "recv")
         pending = Pending(as_bytes(buf, "recv", writeable=True, rank=self._rank), tag, fingerprint)
-        key = (src, tag)
         with self._cond:
             aborted = self._aborts.error(channel_of(tag))
             if aborted is not None:
                 pending.error, pending.done = fresh(aborted, f"rank {self._rank}: receive from rank {src}", src), True
-                return Recv(self, pending, src)
-            arrived = self._unexpected.get(key)
-            if arrived:
-                arrival = arrived.popleft()
-                if not arrived:
-                    del self._unexpected[key]
-                if arrival.done:
-                    self._fill(pending, src, arrival)
-                else:  # still arriving: its header says at once whether it fits
-                    pending.error = check_match(
-                        self._rank, src, tag, pending.buf.nbytes, fingerprint, arrival.length, arrival.fingerprint
-                    )
-                    if pending.error is None:
-                        arrival.taker, pending.claimed = pending, True
-                    else:
-                        arrival.drop()  # read to its end through a scratch buffer, then forgotten
-                        pending.done = True
             else:
-                self._posted[key].append(pending)
+                self._mailbox.post(pending, src)
         return Recv(self, pending, src)
 
     def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
@@ -354,12 +313,12 @@ class TcpTransport:
                 # an abort came before the departure that followed it: report the abort
                 lost = self._aborts.error(channel) or self._lost.get(self._rank) or self._lost.get(src)
                 if lost is not None and not pending.claimed:
-                    self._withdraw(pending, src)
+                    self._mailbox.withdraw(pending, src)
                     raise fresh(lost, f"rank {self._rank} was waiting for a message from rank {src}", src)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     if not pending.claimed:
-                        self._withdraw(pending, src)
+                        self._mailbox.withdraw(pending, src)
                         raise receive_timeout(self._rank, src, pending.tag, limit)
                     raise CollectiveTimeout(
                         f"rank {self._rank} waited {limit:g} s for a message from rank {src} (tag {pending.tag:#x}): "
@@ -371,11 +330,6 @@ class TcpTransport:
                 self._cond.wait(left)
         if pending.error is not None:
             raise pending.error
-
-    def _withdraw(self, pending: Pending, src: int) -> None:
-        queue = self._posted.get((src, pending.tag))
-        if queue is not None and pending in queue:
-            queue.remove(pending)
 
     def _lose(self, peer: int, error: FerrodistError, frame: Frame | None = None) -> None:
         """Record that ``peer`` is gone (or its stream is corrupt) and wake every waiter;
@@ -545,14 +499,10 @@ class TcpTransport:
         first = self._aborts.error(channel)
         assert first is not None
         with self._cond:
-            for key in [key for key in self._unexpected if channel_of(key[1]) == channel]:
-                for arrival in self._unexpected.pop(key):
-                    arrival.drop()
-            for key in [key for key in self._posted if channel_of(key[1]) == channel]:
-                for pending in self._posted.pop(key):
-                    pending.error = fresh(first, f"rank {self._rank}: receive from rank {key[0]}", key[0])
-                    pending.done = True
-                    self._stopped.setdefault(channel, set()).add(key[0])
+            for src, pending in self._mailbox.clear(lambda tag: channel_of(tag) == channel):
+                pending.error = fresh(first, f"rank {self._rank}: receive from rank {src}", src)
+                pending.done = True
+                self._stopped.setdefault(channel, set()).add(src)
             self._cond.notify_all()
 
     # -- whole world ---------------------------------------------------------------------------

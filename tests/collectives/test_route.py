@@ -1,0 +1,127 @@
+"""One route per call: check, plan, run. A plan is made once per kind of call, printed
+with FERRODIST_DEBUG=route, and found again from the arguments as given, for numpy
+arrays and torch CPU tensors alike, without the checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+import ferrodist.collectives as dist
+from ferrodist.collectives import _checks
+from ferrodist.core import InvalidArgument, ReduceOp, host_view
+from ferrodist.testing import run_world
+
+
+def test_each_kind_of_call_is_planned_once_and_printed_with_its_route(monkeypatch, capsys):
+    monkeypatch.setenv("FERRODIST_DEBUG", "route")
+
+    def rank_main():
+        for _ in range(3):
+            dist.all_reduce(np.ones(4, np.float32))
+        dist.all_reduce(np.ones(4, np.float32), "avg")
+        dist.all_reduce(np.ones(100_000, np.float32))
+        dist.broadcast(np.ones(2), src=1)
+        dist.barrier()
+        dist.barrier()
+
+    run_world(2, rank_main)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[ferrodist] rank ")]
+    for rank in (0, 1):
+        mine = sorted(line.split(": ", 2)[2] for line in lines if line.startswith(f"[ferrodist] rank {rank}:"))
+        shapes = [re.sub(r" \[fingerprint 0x[0-9a-f]+\]$", "", line) for line in mine]
+        assert shapes == [
+            "all_reduce float32 x100000 SUM -> ring",
+            "all_reduce float32 x4 AVG -> recursive_doubling (then divided by 2)",
+            "all_reduce float32 x4 SUM -> recursive_doubling",
+            "barrier -> dissemination",
+            "broadcast float64 x2 root 1 -> tree",
+        ], mine
+
+
+def test_a_call_seen_before_skips_the_checks_and_a_changed_array_does_not(monkeypatch):
+    made = []
+    real = _checks.Checker.__init__
+
+    def counting(self, rank, operation):
+        made.append(operation)
+        real(self, rank, operation)
+
+    monkeypatch.setattr(_checks.Checker, "__init__", counting)
+    dist.init_process_group("simulated")
+    try:
+        x = np.ones(8, np.float32)
+        for _ in range(5):
+            dist.all_reduce(x)
+        assert made == ["all_reduce"]
+        dist.all_reduce(x.reshape(2, 4))  # same elements, same plan: a view is as good as the array
+        assert made == ["all_reduce"]
+        x.flags.writeable = False  # a plan never skips what changed: this one is refused
+        with pytest.raises(InvalidArgument, match="read-only"):
+            dist.all_reduce(x)
+        y = np.ones(16, np.float32)[::2]  # not contiguous: checked, and refused
+        with pytest.raises(InvalidArgument, match="contiguous"):
+            dist.all_reduce(y)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torch_cpu_tensors_take_the_same_plan_without_conversion(monkeypatch):
+    torch = pytest.importorskip("torch")
+    made = []
+    real = _checks.Checker.__init__
+
+    def counting(self, rank, operation):
+        made.append(operation)
+        real(self, rank, operation)
+
+    monkeypatch.setattr(_checks.Checker, "__init__", counting)
+
+    def rank_main():
+        rank = dist.get_rank()
+        t = torch.full((3,), float(rank + 1))
+        for _ in range(4):
+            dist.all_reduce(t)
+        half = torch.full((2,), float(rank + 1), dtype=torch.bfloat16)
+        dist.all_reduce(half)
+        dist.all_reduce(half)
+        out = torch.empty(4)
+        dist.all_gather(out, torch.full((2,), float(rank)))
+        dist.all_gather(out, torch.full((2,), float(rank)))
+        return t.tolist(), half.float().tolist(), out.tolist()
+
+    results = run_world(2, rank_main)
+    assert results == [([3.0 * 2**3] * 3, [6.0, 6.0], [0.0, 0.0, 1.0, 1.0])] * 2
+    # one check per rank per kind of call: the repeats found their plan from the tensors as given
+    assert sorted(made) == ["all_gather"] * 2 + ["all_reduce"] * 4
+
+
+def test_host_view_sees_host_arrays_and_leaves_the_rest_to_as_tensor():
+    a = np.arange(6.0).reshape(2, 3)
+    assert host_view(a) is a
+    assert host_view(a.T) is None  # not contiguous: as_tensor says why
+    assert host_view([1.0, 2.0]) is None
+    torch = pytest.importorskip("torch")
+    t = torch.arange(4.0, requires_grad=True)
+    view = host_view(t)
+    assert view is not None and view.dtype == np.float32
+    view[0] = 7.0
+    assert t[0].item() == 7.0  # the same memory
+    assert host_view(torch.arange(6.0).reshape(2, 3).T) is None
+
+
+def test_a_plan_is_a_frozen_value_that_says_what_it_does():
+    dist.init_process_group("simulated")
+    try:
+        group = dist.default_group()
+        dist.all_reduce(np.ones(3), ReduceOp.MAX)
+        plan = group._route.known(("all_reduce", np.dtype(np.float64), 3, ReduceOp.MAX, None, None))
+        assert plan is not None
+        assert str(plan).startswith("all_reduce float64 x3 MAX -> recursive_doubling [fingerprint 0x")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            plan.route = "ring"  # type: ignore[misc]
+    finally:
+        dist.destroy_process_group()
