@@ -24,10 +24,9 @@ import ml_dtypes
 import numpy as np
 
 import ferrodist.collectives as dist
-from ferrodist.core import FerrodistError, ReduceOp, as_tensor
+from ferrodist.core import FerrodistError, GroupInfo, Probe, ReduceOp, as_tensor
 from ferrodist.nccl._buffers import DeviceBuffer
 from ferrodist.nccl._engine import NcclEngine
-from ferrodist.transport import GroupInfo, Probe
 
 UID = bytes(range(1, 129))
 _COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")

@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from _helpers import examples
 from ferrodist.collectives._device import ROUTES, Choice, Record, choose, requested_route
-from ferrodist.core import DeviceUnavailable, InvalidArgument
-from ferrodist.transport import Probe
+from ferrodist.core import DeviceUnavailable, InvalidArgument, Probe
 
 
 def record(requested="auto", usable=True, device=b"gpu", version=22809, staged=True, reason=""):

@@ -31,8 +31,19 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import DeviceUnavailable, DType, FerrodistError, InvalidArgument, ReduceOp, Tensor
-from ferrodist.transport import DeviceEngine, DeviceMessages, EngineProvider, GroupInfo, Probe
+from ferrodist.core import (
+    DeviceEngine,
+    DeviceMessages,
+    DeviceUnavailable,
+    DType,
+    EngineProvider,
+    FerrodistError,
+    GroupInfo,
+    InvalidArgument,
+    Probe,
+    ReduceOp,
+    Tensor,
+)
 
 from . import _ring
 from ._call import Call

@@ -26,13 +26,14 @@ from ferrodist.core import (
     FerrodistError,
     Group,
     GroupAborted,
+    GroupInfo,
     InvalidArgument,
     InvalidRank,
     ReduceOp,
     Tensor,
     host_view,
 )
-from ferrodist.transport import GroupInfo, Transport
+from ferrodist.transport import Transport
 
 from . import _direct, _failure, _monitor, _tensors
 from ._checks import Checker, device_blocks, on_group, split_equally, wire_dtype

@@ -22,8 +22,7 @@ import os
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from ferrodist.core import DType, ReduceOp, reducer, uint8
-from ferrodist.transport import DeviceEngine, GroupInfo
+from ferrodist.core import DeviceEngine, DType, GroupInfo, ReduceOp, reducer, uint8
 
 from . import _direct, _doubling, _native, _ring, _tree
 from ._call import Array, Call

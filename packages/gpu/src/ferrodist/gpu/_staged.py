@@ -2,7 +2,7 @@
 
 A ``ProcessGroup`` checks the arguments, fingerprints the call and keeps its deadline;
 for CUDA tensors on the staged route it hands this engine (a
-``ferrodist.transport.DeviceEngine``) the call, the tensors and its CPU route (a
+``ferrodist.core.DeviceEngine``) the call, the tensors and its CPU route (a
 ``HostRoute``). all_reduce, broadcast, reduce, all_gather and reduce_scatter copy
 the tensor to pinned host buffers, run the CPU collective there (the shared-memory
 pipelines, MPI's, or our ring and tree algorithms: whatever a numpy array of that size
@@ -34,19 +34,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ferrodist.core import DType, InvalidArgument, ReduceOp, Tensor, bfloat16, device_pointer, float32
-from ferrodist.core import cuda as core_cuda
-from ferrodist.transport import (
+from ferrodist.core import (
     DeviceEngine,
     DeviceMessages,
+    DType,
     EngineCall,
     EngineProvider,
     GroupInfo,
+    HostMessages,
     HostRoute,
+    InvalidArgument,
     Probe,
-    Request,
-    Transport,
+    ReduceOp,
+    Tensor,
+    Work,
+    bfloat16,
+    device_pointer,
+    float32,
 )
+from ferrodist.core import cuda as core_cuda
 
 from . import _copies, _cuda_kernels
 
@@ -387,14 +393,14 @@ class StagedEngine:
                 self._up(got, outs[frm])
 
     # -- point to point (DeviceMessages) -------------------------------------------------------
-    def isend(self, transport: Transport, x: Tensor, peer: int, tag: int) -> Request:
+    def isend(self, transport: HostMessages, x: Tensor, peer: int, tag: int) -> Work:
         flat = x.flat()
         with self._on(x):
             host = flat.copy_to_host() if flat.shape[0] else np.empty(0, flat.dtype)
         self.stats.add(to_host=host.nbytes)
         return _Staged(transport.isend(host, peer, tag), host, None, self)
 
-    def irecv(self, transport: Transport, x: Tensor, peer: int, tag: int) -> Request:
+    def irecv(self, transport: HostMessages, x: Tensor, peer: int, tag: int) -> Work:
         flat = x.flat()
         host = np.empty(flat.shape[0], flat.dtype)
         return _Staged(transport.irecv(host, peer, tag), host, x, self)
@@ -404,7 +410,7 @@ class _Staged:
     """A transport request over a host copy; a receive copies to the device when it is
     waited for (in the waiting thread, with the tensor's device's context current)."""
 
-    def __init__(self, request: Request, host: Any, target: Tensor | None, engine: StagedEngine) -> None:
+    def __init__(self, request: Work, host: Any, target: Tensor | None, engine: StagedEngine) -> None:
         self._request, self._host, self._target, self._engine = request, host, target, engine
         self._lock = threading.Lock()
 

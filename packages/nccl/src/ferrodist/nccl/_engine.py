@@ -34,17 +34,22 @@ import numpy as np
 
 from ferrodist.core import (
     CollectiveTimeout,
+    DeviceEngine,
     DeviceUnavailable,
     DType,
+    EngineCall,
+    EngineProvider,
     FerrodistError,
+    GroupInfo,
+    HostRoute,
     InvalidArgument,
+    Probe,
     ReduceOp,
     Tensor,
     bfloat16,
     float32,
 )
 from ferrodist.core import cuda as core_cuda
-from ferrodist.transport import DeviceEngine, EngineCall, EngineProvider, GroupInfo, HostRoute, Probe
 
 from ._buffers import DeviceBuffer, nccl_op
 from ._communicator import NcclCommunicator

@@ -1,7 +1,6 @@
 """ferrodist.transport: moving bytes between ranks (the ``Transport`` protocol and its backends)."""
 
 from ._aborts import Notice
-from ._engines import DeviceEngine, DeviceMessages, EngineCall, EngineProvider, GroupInfo, HostRoute, Probe
 from ._env import LaunchInfo, launch_info
 from ._faults import Faults
 from ._mpi import MpiCollectives, MpiTransport
@@ -14,20 +13,13 @@ from ._tcp import TcpTransport
 
 __all__ = [
     "DEFAULT_TIMEOUT",
-    "DeviceEngine",
-    "DeviceMessages",
-    "EngineCall",
-    "EngineProvider",
     "Faults",
-    "GroupInfo",
-    "HostRoute",
     "KeyValue",
     "LaunchInfo",
     "MpiCollectives",
     "MpiTransport",
     "NativeCollectives",
     "Notice",
-    "Probe",
     "Request",
     "ShmCollectives",
     "ShmTransport",

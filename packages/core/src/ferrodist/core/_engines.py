@@ -1,5 +1,7 @@
 """The device-engine protocol: how a group hands collectives on device tensors (CUDA) to
-the package that runs them, declared beside ``NativeCollectives``.
+the package that runs them. It lives in core, beside the group protocol, so the packages
+that provide engines (``ferrodist.gpu``, ``ferrodist.nccl``) and the one that calls them
+(``ferrodist.collectives``) meet here and import nothing of each other.
 
 A ``ProcessGroup`` (``ferrodist.collectives``) checks a call's arguments, gives it its
 number, fingerprint and deadline, and, for device tensors, calls the group's
@@ -21,13 +23,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from ferrodist.core import DType, FerrodistError, ReduceOp, Tensor
+import numpy as np
 
-from ._protocol import Buffer, Request, Transport
+from ._dtypes import DType
+from ._errors import FerrodistError
+from ._group import Work
+from ._ops import ReduceOp
+from ._tensor import Tensor
 
-__all__ = ["DeviceEngine", "DeviceMessages", "EngineCall", "EngineProvider", "GroupInfo", "HostRoute", "Probe"]
+Buffer = np.ndarray[Any, Any]
+
+__all__ = [
+    "DeviceEngine",
+    "DeviceMessages",
+    "EngineCall",
+    "EngineProvider",
+    "GroupInfo",
+    "HostMessages",
+    "HostRoute",
+    "Probe",
+]
 
 
 class EngineCall(Protocol):
@@ -65,11 +82,11 @@ class EngineCall(Protocol):
 
     def recv(self, buf: Buffer, peer: int) -> None: ...
 
-    def isend(self, buf: Buffer, peer: int) -> Request: ...
+    def isend(self, buf: Buffer, peer: int) -> Work: ...
 
-    def irecv(self, buf: Buffer, peer: int) -> Request: ...
+    def irecv(self, buf: Buffer, peer: int) -> Work: ...
 
-    def wait_all(self, requests: Sequence[Request]) -> None: ...
+    def wait_all(self, requests: Sequence[Work]) -> None: ...
 
     def exchange(self, send_buf: Buffer, to: int, recv_buf: Buffer, frm: int) -> None: ...
 
@@ -171,14 +188,23 @@ class DeviceEngine(Protocol):
         ...
 
 
+class HostMessages(Protocol):
+    """What sends and receives host bytes for :class:`DeviceMessages`: a transport
+    (``ferrodist.transport.Transport``), whose ranks and tags these are."""
+
+    def isend(self, buf: Buffer, dst: int, tag: int = 0) -> Work: ...
+
+    def irecv(self, buf: Buffer, src: int, tag: int = 0) -> Work: ...
+
+
 @runtime_checkable
 class DeviceMessages(Protocol):
     """Point-to-point messages of device tensors over a transport (always staged through
     host memory: they carry the transport's tags and deadlines, whatever the group's engine)."""
 
-    def isend(self, transport: Transport, x: Tensor, peer: int, tag: int) -> Request: ...
+    def isend(self, transport: HostMessages, x: Tensor, peer: int, tag: int) -> Work: ...
 
-    def irecv(self, transport: Transport, x: Tensor, peer: int, tag: int) -> Request: ...
+    def irecv(self, transport: HostMessages, x: Tensor, peer: int, tag: int) -> Work: ...
 
 
 @dataclass(frozen=True)
