@@ -22,8 +22,8 @@ import numpy
 import pytest
 
 pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
+from ferrodist.collectives import auto_backend
 from ferrodist.launch import _children, _probes, main
-from ferrodist.transport import launch_info
 
 TOP_LEVEL = {
     "ok",
@@ -385,37 +385,42 @@ def test_a_child_that_fails_gives_its_last_error_line():
 
 
 @pytest.mark.parametrize(
-    "env",
+    ("env", "backend"),
     [
-        {},
-        {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
-        {"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
-        {"RANK": "0", "WORLD_SIZE": "1"},
-        {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
-        {
-            "OMPI_COMM_WORLD_RANK": "1",
-            "OMPI_COMM_WORLD_SIZE": "2",
-            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-            "MASTER_ADDR": "h",
-        },
-        {
-            "OMPI_COMM_WORLD_RANK": "1",
-            "OMPI_COMM_WORLD_SIZE": "4",
-            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-            "MASTER_ADDR": "h",
-        },
-        {"PMI_RANK": "0", "PMI_SIZE": "3", "MPI_LOCALNRANKS": "3"},
-        {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "MASTER_ADDR": "h"},
+        ({}, "simulated"),
+        ({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "shm"),
+        ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "tcp"),
+        ({"RANK": "0", "WORLD_SIZE": "1"}, "simulated"),
+        ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "mpi"),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "1",
+                "OMPI_COMM_WORLD_SIZE": "2",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                "MASTER_ADDR": "h",
+            },
+            "shm",
+        ),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "1",
+                "OMPI_COMM_WORLD_SIZE": "4",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                "MASTER_ADDR": "h",
+            },
+            "tcp",
+        ),
+        ({"PMI_RANK": "0", "PMI_SIZE": "3", "MPI_LOCALNRANKS": "3"}, "mpi"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "MASTER_ADDR": "h"}, "tcp"),
     ],
 )
-def test_the_auto_pick_is_init_process_groups_rule(env):
-    """The doctor's copy of the rule gives what ferrodist.collectives picks (its private
-    ``_auto``, read here to catch the two drifting apart), with mpi4py installed."""
-    from ferrodist.collectives._backends import _auto
-
+def test_the_doctor_shows_init_process_groups_own_pick(env, backend):
+    """The doctor asks ferrodist.collectives (``auto_backend``, the rule init_process_group
+    follows) instead of keeping a copy of the rule; with mpi4py installed."""
     pytest.importorskip("mpi4py")
-    info = launch_info(env)
-    assert _probes.pick_backend(info, True)[0] == _auto(info, None, None, None)
+    chosen, why, info = auto_backend(env)
+    assert chosen == backend and why
+    assert (info is None) == (env == {})
 
 
 FAKE_LIBCUDA = r"""

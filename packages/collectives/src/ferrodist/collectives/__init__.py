@@ -2,6 +2,12 @@
 
 from ferrodist.core import ReduceOp
 
+# For the packages built on this one (ferrodist.torch, ferrodist.launch, ferrodist.testing):
+# the type of ``ProcessGroup.transport``, the address a rank of a socket backend gives its
+# peers, and the simulated transport (with its faults) that ``init_process_group(transport=)``
+# takes for ranks run as threads.
+from ferrodist.transport import Faults, SimulatedTransport, Transport, interface_address, local_address
+
 from ._api import (
     all_gather,
     all_gather_into_tensor,
@@ -25,6 +31,7 @@ from ._api import (
     scatter_object_list,
     send,
 )
+from ._backends import auto_backend, connect_transport, one_host
 from ._batch import P2POp, batch_isend_irecv
 from ._group import ProcessGroup
 from ._select import ALL_REDUCE_ALGORITHMS, SMALL_MESSAGE_BYTES
@@ -54,10 +61,13 @@ from ._work import Work
 
 __all__ = [
     "ALL_REDUCE_ALGORITHMS",
+    "Faults",
     "P2POp",
     "ProcessGroup",
     "ReduceOp",
     "SMALL_MESSAGE_BYTES",
+    "SimulatedTransport",
+    "Transport",
     "Work",
     "all_gather",
     "all_gather_into_tensor",
@@ -66,10 +76,12 @@ __all__ = [
     "all_reduce",
     "all_to_all",
     "all_to_all_single",
+    "auto_backend",
     "barrier",
     "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
+    "connect_transport",
     "default_group",
     "destroy_process_group",
     "gather",
@@ -82,13 +94,16 @@ __all__ = [
     "get_world_size",
     "group",
     "init_process_group",
+    "interface_address",
     "irecv",
     "is_available",
     "is_initialized",
     "isend",
+    "local_address",
     "monitored_barrier",
     "new_group",
     "new_subgroups",
+    "one_host",
     "recv",
     "recv_object_list",
     "reduce",

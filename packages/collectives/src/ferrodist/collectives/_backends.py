@@ -53,7 +53,7 @@ def make_transport(
     if backend in ("auto", "gloo", "nccl"):
         if info is None and world_size is None and init_method in (None, "env://") and _master_in_env():
             _where(info, rank, world_size, init_method, alone=True)  # MASTER_* alone: raises, naming what is missing
-        chosen = _auto(info, rank, world_size, init_method)
+        chosen, _ = _auto(info, rank, world_size, init_method)
         if backend == "gloo":
             _log.info(
                 "init_process_group: backend 'gloo' runs over ferrodist's own %r transport (what 'auto' picks for "
@@ -88,6 +88,41 @@ def make_transport(
         f"init_process_group: unknown backend {backend!r}; available: {', '.join(BACKENDS)}, auto (and gloo, a name "
         "for auto; nccl, auto with CUDA tensors through NCCL)"
     )
+
+
+def connect_transport(kind: str, store: Any, *, rank: int, world_size: int, timeout: float) -> Transport:
+    """This rank's transport of ``kind`` (``"shm"``, ``"tcp"`` or ``"mpi"``) for a job whose
+    ranks all reach ``store``, a key-value store (``set``/``get``/``add``/``wait``, as
+    torch's stores have): rank 0 publishes the address of ferrodist's own store there, so
+    nothing else has to be agreed on. ``MASTER_ADDR`` (when set) says which interface to
+    listen on. ``mpi`` is the world of every MPI rank, in MPI's order, and nothing else."""
+    if kind == "mpi":
+        transport = MpiTransport(timeout=timeout)
+        if (transport.rank, transport.world_size) != (rank, world_size):
+            transport.close()
+            raise BackendUnavailable(
+                f"rank {rank}: the mpi transport runs only the group of every MPI rank, in MPI's order; this group "
+                f"is rank {rank} of {world_size} but MPI says rank {transport.rank} of {transport.world_size}: use "
+                "shm or tcp for other groups"
+            )
+        return transport
+    if kind not in ("shm", "tcp"):
+        raise InvalidArgument(f"rank {rank}: connect_transport: kind must be 'shm', 'tcp' or 'mpi', not {kind!r}")
+    cls = ShmTransport if kind == "shm" else TcpTransport
+    addr = os.environ.get("MASTER_ADDR") or None
+    return cls.connect(rank=rank, world_size=world_size, rendezvous=store, master_addr=addr, timeout=timeout)
+
+
+def one_host() -> bool | None:
+    """Whether the launcher's variables (``ferrodist run``'s, torchrun's, mpiexec's, SLURM's)
+    say that every rank of the job runs on this host; False where no launcher placed this
+    process, None where its variables do not add up."""
+    try:
+        info = launch_info()
+    except InvalidArgument as exc:
+        _log.info("the launcher's variables do not say where the ranks run (%s)", exc)
+        return None
+    return info is not None and info.single_host
 
 
 def under_torchrun(env: Mapping[str, str] | None = None) -> bool:
@@ -139,11 +174,23 @@ def _tell_the_others(error: InvalidArgument) -> None:
     TcpTransport.report_bad_start(reason, rank=rank, world_size=world_size, master_addr=addr, master_port=port)
 
 
-def _auto(info: LaunchInfo | None, rank: int | None, world_size: int | None, init_method: str | None) -> str:
+def auto_backend(env: Mapping[str, str] | None = None) -> tuple[str, str, LaunchInfo | None]:
+    """What ``init_process_group("auto")`` picks in a process with the environment ``env``
+    (this process's when None), in words why, and the launcher's placement it read (None
+    where no launcher placed the process). ``InvalidArgument`` where the launcher's
+    variables do not add up."""
+    info = launch_info(env)
+    backend, why = _auto(info, None, None, None)
+    return backend, why, info
+
+
+def _auto(
+    info: LaunchInfo | None, rank: int | None, world_size: int | None, init_method: str | None
+) -> tuple[str, str]:
     """mpi under mpiexec (when mpi4py is there and no master address is given), shm when the
     launcher says every rank is on this host (``ferrodist run``, torchrun and mpiexec say how
     many ranks run here), tcp for any other job of several ranks, else a simulated world of
-    one."""
+    one; and why."""
     size = world_size if world_size is not None else (info.world_size if info else 1)
     if info is not None and info.under_mpi and init_method is None and info.master_addr is None:
         try:
@@ -151,12 +198,12 @@ def _auto(info: LaunchInfo | None, rank: int | None, world_size: int | None, ini
         except ImportError:
             pass
         else:
-            return "mpi"
+            return "mpi", "started by mpiexec, mpi4py installed, no MASTER_ADDR"
     if size == 1 and init_method is None:
-        return "simulated"
+        return "simulated", "a world of one" if info is not None else "no launcher variables: a world of one"
     if info is not None and info.single_host and world_size in (None, info.world_size):
-        return "shm"
-    return "tcp"
+        return "shm", "every rank on this host"
+    return "tcp", "ranks on several hosts, or the launcher does not say how many run here"
 
 
 def _mpi_transport(info: LaunchInfo | None, rank: int | None, world_size: int | None, timeout: float) -> Transport:

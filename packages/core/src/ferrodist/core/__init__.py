@@ -31,6 +31,7 @@ from ._engines import (
     HostMessages,
     HostRoute,
     Probe,
+    device_cast,
 )
 from ._errors import (
     AuthenticationFailed,
@@ -84,6 +85,7 @@ __all__ = [
     "bool_",
     "check_op",
     "device",
+    "device_cast",
     "device_pointer",
     "dtype",
     "float16",

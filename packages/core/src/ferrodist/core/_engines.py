@@ -21,14 +21,15 @@ Each group chooses one engine for its CUDA tensors, once, with every rank agreei
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ._dtypes import DType
-from ._errors import FerrodistError
+from ._errors import DeviceUnavailable, FerrodistError
 from ._group import Work
 from ._ops import ReduceOp
 from ._tensor import Tensor
@@ -44,7 +45,12 @@ __all__ = [
     "HostMessages",
     "HostRoute",
     "Probe",
+    "device_cast",
 ]
+
+#: Entry points of the functions that convert device arrays between float32 and the 16-bit
+#: floats, by device type: ``cuda = "ferrodist.gpu:cast"`` (ferrodist-gpu registers it).
+CASTS = "ferrodist.device_casts"
 
 
 class EngineCall(Protocol):
@@ -255,3 +261,18 @@ class EngineProvider(Protocol):
         """The engine for one group (the staged engine is one per process; an NCCL engine
         has its group's communicator, made in :meth:`DeviceEngine.start`)."""
         ...
+
+
+def device_cast(device_type: str, purpose: str) -> Callable[..., None]:
+    """The function that converts device arrays on ``device_type`` (``"cuda"``) between
+    float32 and float16/bfloat16 (``cast(dst, dst_dtype, src, src_dtype, *, stream=None)``),
+    from the package registered for it under the entry points ``ferrodist.device_casts``
+    (ferrodist-gpu for CUDA): an engine that needs one (NCCL's bf16 compression) finds it
+    without importing that package. ``DeviceUnavailable`` naming ``purpose`` and what to
+    install when none is registered."""
+    for ep in entry_points(group=CASTS, name=device_type):
+        cast: Callable[..., None] = ep.load()
+        return cast
+    raise DeviceUnavailable(
+        f"{purpose} converts on the GPU with ferrodist-gpu's kernels, which are not installed: pip install ferrodist-gpu"
+    )

@@ -242,10 +242,10 @@ def _state(name: str) -> str | None:
 
 
 def network_section(master_addr: str | None) -> Section:
-    """The interfaces, and the address a rank would give its peers (ferrodist.transport's
+    """The interfaces, and the address a rank would give its peers (ferrodist.collectives'
     ``local_address``: the interface FERRODIST_SOCKET_IFNAME names, else loopback for a
     master on loopback, else the interface that routes to the master)."""
-    from ferrodist.transport import interface_address, local_address
+    from ferrodist.collectives import interface_address, local_address
 
     interfaces = []
     ipv6 = _ipv6_addresses()
@@ -295,21 +295,9 @@ def torch_section() -> Section:
     }
 
 
-def pick_backend(info: Any, has_mpi4py: bool) -> tuple[str, str]:
-    """What ``init_process_group("auto")`` picks for a process whose launcher variables give
-    ``info`` (a ``LaunchInfo`` or ``None``), and why (the rule of ferrodist.collectives)."""
-    if info is not None and info.under_mpi and info.master_addr is None and has_mpi4py:
-        return "mpi", "started by mpiexec, mpi4py installed, no MASTER_ADDR"
-    if info is None or info.world_size == 1:
-        return "simulated", "no launcher variables: a world of one" if info is None else "a world of one"
-    if info.single_host:
-        return "shm", "every rank on this host"
-    return "tcp", "ranks on several hosts, or the launcher does not say how many run here"
-
-
 def auto_section(nprocs: int) -> Section:
     """What ``init_process_group("auto")`` picks in this process and in jobs started here."""
-    from ferrodist.transport import launch_info
+    from ferrodist.collectives import auto_backend
 
     has_mpi4py = installed("mpi4py")
     n = str(max(nprocs, 2))
@@ -333,8 +321,7 @@ def auto_section(nprocs: int) -> Section:
     picks: Section = {}
     for job, env in jobs.items():
         try:
-            info = launch_info(env)
-            backend, why = pick_backend(info, has_mpi4py)
+            backend, why, info = auto_backend(env)
         except ValueError as exc:  # InvalidArgument: some of a launcher's variables, or a bad value
             picks[job] = {"backend": None, "why": None, "error": str(exc)}
             continue

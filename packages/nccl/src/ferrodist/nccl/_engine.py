@@ -35,7 +35,6 @@ import numpy as np
 from ferrodist.core import (
     CollectiveTimeout,
     DeviceEngine,
-    DeviceUnavailable,
     DType,
     EngineCall,
     EngineProvider,
@@ -47,6 +46,7 @@ from ferrodist.core import (
     ReduceOp,
     Tensor,
     bfloat16,
+    device_cast,
     float32,
 )
 from ferrodist.core import cuda as core_cuda
@@ -349,14 +349,7 @@ def _consecutive(buffers: Sequence[DeviceBuffer]) -> DeviceBuffer | None:
 
 
 def _cast() -> Callable[..., None]:
-    try:
-        from ferrodist.gpu import cast
-    except ImportError:
-        raise DeviceUnavailable(
-            "all_reduce(compress='bf16') on the NCCL route converts on the GPU with ferrodist-gpu's kernels: "
-            "pip install ferrodist-gpu"
-        ) from None
-    return cast
+    return device_cast("cuda", "all_reduce(compress='bf16') on the NCCL route")
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,9 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ferrodist.collectives import destroy_process_group, init_process_group, is_initialized
+from ferrodist.collectives import Faults, SimulatedTransport, destroy_process_group, init_process_group, is_initialized
 from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost
-from ferrodist.transport import Faults, SimulatedTransport
 
 __all__ = ["run_world"]
 

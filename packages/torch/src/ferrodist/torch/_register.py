@@ -26,9 +26,8 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
-from ferrodist.collectives import ProcessGroup
-from ferrodist.core import BackendUnavailable, InvalidArgument
-from ferrodist.transport import MpiTransport, ShmTransport, TcpTransport, Transport, launch_info
+from ferrodist.collectives import ProcessGroup, Transport, connect_transport, one_host
+from ferrodist.core import InvalidArgument
 
 from ._group import FerrodistProcessGroup
 
@@ -101,36 +100,14 @@ def choose_transport(size: int, name: str = "0") -> str:
         return chosen
     if size == 1:
         return "tcp"  # nothing to share memory with
-    try:
-        info = launch_info()
-    except InvalidArgument as exc:
-        # torch has placed the ranks already (init_method, rank=, world_size=): launcher variables
-        # that do not add up only leave unknown whether every rank runs on this host
-        _log.info("group %s: tcp, since the launcher's variables do not say where the ranks run (%s)", name, exc)
-        return "tcp"
-    return "shm" if info is not None and info.single_host else "tcp"
+    # torch may have placed the ranks already (init_method, rank=, world_size=): launcher
+    # variables that do not add up only leave unknown whether every rank runs on this host
+    return "shm" if one_host() else "tcp"
 
 
 def connect(kind: str, store: Any, rank: int, size: int, timeout: float) -> Transport:
     """This rank's transport of ``kind``, started through torch's ``store``."""
-    if kind == "mpi":
-        transport = MpiTransport(timeout=timeout)
-        if (transport.rank, transport.world_size) != (rank, size):
-            transport.close()
-            raise BackendUnavailable(
-                f"rank {rank}: FERRODIST_TORCH_TRANSPORT=mpi runs only the group of every MPI rank, in MPI's order; "
-                f"this group is rank {rank} of {size} but MPI says rank {transport.rank} of {transport.world_size}: "
-                "use shm or tcp for other groups"
-            )
-        return transport
-    cls = ShmTransport if kind == "shm" else TcpTransport
-    return cls.connect(
-        rank=rank,
-        world_size=size,
-        rendezvous=store,
-        master_addr=os.environ.get("MASTER_ADDR") or None,
-        timeout=timeout,
-    )
+    return connect_transport(kind, store, rank=rank, world_size=size, timeout=timeout)
 
 
 def _seconds(timeout: object) -> float:
