@@ -117,7 +117,8 @@ def cuda(operation: str = "a CUDA tensor") -> Any:
 # Status codes
 # ---------------------------------------------------------------------------------------
 
-#: Errors that mean "no usable GPU here" rather than a bug in the call.
+#: Errors that mean "no usable GPU here" rather than a bug in the call: the driver API's
+#: names, then the runtime API's (cuda-python's ``cudaError_t``, which NCCL's side uses).
 _NO_DEVICE = frozenset(
     {
         "CUDA_ERROR_NO_DEVICE",
@@ -129,9 +130,27 @@ _NO_DEVICE = frozenset(
         "CUDA_ERROR_STUB_LIBRARY",
         "CUDA_ERROR_SYSTEM_NOT_READY",
         "CUDA_ERROR_NOT_SUPPORTED",
+        "cudaErrorNoDevice",
+        "cudaErrorInsufficientDriver",
+        "cudaErrorInvalidDevice",
+        "cudaErrorDevicesUnavailable",
+        "cudaErrorInitializationError",
+        "cudaErrorSystemDriverMismatch",
+        "cudaErrorCompatNotSupportedOnDevice",
+        "cudaErrorCallRequiresNewerDriver",
+        "cudaErrorSystemNotReady",
+        "cudaErrorNotSupported",
     }
 )
-_BAD_ARGUMENT = frozenset({"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_INVALID_HANDLE"})
+_BAD_ARGUMENT = frozenset(
+    {
+        "CUDA_ERROR_INVALID_VALUE",
+        "CUDA_ERROR_INVALID_HANDLE",
+        "cudaErrorInvalidValue",
+        "cudaErrorInvalidDevicePointer",
+        "cudaErrorInvalidResourceHandle",
+    }
+)
 
 
 def _text(result: Any) -> str:
@@ -139,26 +158,41 @@ def _text(result: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
 
 
-def error(err: Any, operation: str, *, rank: int | None = None, cu: Any = None) -> FerrodistError:
-    """The ferrodist error for a failed CUDA driver call (one map for the whole project):
-    ``DeviceUnavailable`` when there is no usable GPU, ``InvalidArgument`` for a bad value
-    or handle, else ``FerrodistError``; each says what to do."""
-    cu = driver() if cu is None else cu
+def error(
+    err: Any,
+    operation: str,
+    *,
+    rank: int | None = None,
+    cu: Any = None,
+    runtime: Any = None,
+    no_device: str = "",
+) -> FerrodistError:
+    """The ferrodist error for a failed CUDA call (one map for the whole project): the
+    driver API's status (``cu``: the driver module, found when None), or the runtime API's
+    (``runtime``: cuda-python's runtime module, which describes it). ``DeviceUnavailable``
+    when there is no usable GPU (``no_device`` says what to do instead, where the caller
+    knows better), ``InvalidArgument`` for a bad value or handle, else ``FerrodistError``;
+    each says what to do."""
     name = getattr(err, "name", None)
     try:
-        name = name or _text(cu.cuGetErrorName(err)) or f"CUDA error {int(err)}"
-        text = _text(cu.cuGetErrorString(err))
-    except Exception:  # the driver itself is unusable: its name is all there is
-        name, text = name or f"CUDA error {int(err)}", ""
+        if runtime is not None:
+            text = _text(runtime.cudaGetErrorString(err))
+        else:
+            cu = driver() if cu is None else cu
+            name = name or _text(cu.cuGetErrorName(err))
+            text = _text(cu.cuGetErrorString(err))
+    except Exception:  # the library itself is unusable: the status's name is all there is
+        text = ""
+    name = name or f"CUDA error {int(err)}"
     where = f"rank {rank}: " if rank is not None else ""
     message = f"{where}{operation} failed: {name}" + (f" ({text})" if text else "")
     cls: type[FerrodistError] = FerrodistError
     if name in _NO_DEVICE:
         cls = DeviceUnavailable
-        message += f"; no usable CUDA GPU here (check nvidia-smi and CUDA_VISIBLE_DEVICES); {_HOW}"
+        message += f"; no usable CUDA GPU here (check nvidia-smi and CUDA_VISIBLE_DEVICES); {no_device or _HOW}"
     elif name in _BAD_ARGUMENT:
         cls = InvalidArgument
-    elif int(err) == INVALID_CONTEXT:
+    elif name == "CUDA_ERROR_INVALID_CONTEXT" or (runtime is None and int(err) == INVALID_CONTEXT):
         message += (
             "; no CUDA context is current in this thread: ferrodist makes one current before its own calls, "
             "so from your own code call ferrodist.core.cuda.on_device(index) (or torch.cuda.set_device) first"
@@ -168,15 +202,23 @@ def error(err: Any, operation: str, *, rank: int | None = None, cu: Any = None) 
     return cls(message, rank=rank, operation=operation)
 
 
-def check(result: Any, operation: str, *, rank: int | None = None, cu: Any = None) -> Any:
-    """Unpack a driver result ``(status, *values)``: the value (or values, or None), or
-    raise :func:`error`'s exception."""
+def check(
+    result: Any,
+    operation: str,
+    *,
+    rank: int | None = None,
+    cu: Any = None,
+    runtime: Any = None,
+    no_device: str = "",
+) -> Any:
+    """Unpack a CUDA result ``(status, *values)``: the value (or values, or None), or
+    raise :func:`error`'s exception (``cu``, ``runtime`` and ``no_device`` as there)."""
     if isinstance(result, tuple):
         err, values = result[0], result[1:]
     else:
         err, values = result, ()
     if int(err) != 0:
-        raise error(err, operation, rank=rank, cu=cu)
+        raise error(err, operation, rank=rank, cu=cu, runtime=runtime, no_device=no_device)
     if not values:
         return None
     return values[0] if len(values) == 1 else values

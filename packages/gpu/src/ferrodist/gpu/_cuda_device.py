@@ -30,7 +30,6 @@ __all__ = [
     "launch",
     "launch_config",
     "op_function",
-    "simulated",
 ]
 
 #: The opcode of scale's division (core's opcodes are the ReduceOp values).
@@ -113,13 +112,6 @@ def jit_kernel(fn: Any) -> Any:
     return cuda.jit(types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__))
 
 
-def simulated() -> bool:
-    """True when Numba's CUDA simulator stands in for the GPU (kernels then run as Python)."""
-    from numba import config
-
-    return bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
-
-
 def cuda_intrinsic() -> Any:
     """numba-cuda's ``@intrinsic`` decorator (for code generated as LLVM IR on the GPU)."""
     try:
@@ -140,7 +132,7 @@ def _hardware_half() -> tuple[Any, Any]:
     rounded to nearest-even (a uint32): one ``cvt.f32.f16`` / ``cvt.rn.f16.f32`` each on a
     GPU, numpy's IEEE conversions under the simulator. NaN is the caller's to fix: the
     hardware's NaN bits are not the CPU kernels'."""
-    if simulated():
+    if core_cuda.simulated():
 
         def f32_from_f16(bits):  # type: ignore[no-untyped-def]
             return np.float32(np.uint16(bits & 0xFFFF).view(np.float16))

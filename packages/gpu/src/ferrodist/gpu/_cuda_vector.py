@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._cuda_device import cuda_intrinsic, half_functions, halves, jit_kernel, op_function, simulated
+from ferrodist.core import cuda as core_cuda
+
+from ._cuda_device import cuda_intrinsic, half_functions, halves, jit_kernel, op_function
 
 if TYPE_CHECKING:
     from numba import cuda  # at run time kernels get it through jit_kernel, never at import
@@ -42,7 +44,7 @@ def lanes() -> tuple[Any, Any]:
     half of lane ``k``); ``store(array, i, a, b, c, d)`` writes four lanes back. ``i`` must
     put the address on a 16-byte boundary (the caller checks the array's alignment and
     passes multiples of the lane count)."""
-    if simulated():
+    if core_cuda.simulated():
         return _load_stand_in, _store_stand_in
     return _intrinsics()
 

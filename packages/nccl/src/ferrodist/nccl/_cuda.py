@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ferrodist.core import BackendUnavailable, DeviceUnavailable, FerrodistError, InvalidArgument
+from ferrodist.core import cuda as core_cuda
 
 __all__ = [
     "check_cuda",
@@ -37,22 +38,11 @@ __all__ = [
     "synchronize_stream",
 ]
 
-#: CUDA errors that mean "no usable GPU here" rather than a bug in the call.
-_NO_DEVICE = frozenset(
-    {
-        "cudaErrorNoDevice",
-        "cudaErrorInsufficientDriver",
-        "cudaErrorInvalidDevice",
-        "cudaErrorDevicesUnavailable",
-        "cudaErrorInitializationError",
-        "cudaErrorSystemDriverMismatch",
-        "cudaErrorCompatNotSupportedOnDevice",
-        "cudaErrorCallRequiresNewerDriver",
-        "cudaErrorSystemNotReady",
-        "cudaErrorNotSupported",
-    }
+#: What to do instead, when CUDA says there is no usable GPU.
+_NO_GPU = (
+    "NCCL needs one per rank (check that the driver is new enough for the CUDA runtime); use the CPU "
+    "ProcessGroup from ferrodist.collectives"
 )
-_BAD_ARGUMENT = frozenset({"cudaErrorInvalidValue", "cudaErrorInvalidDevicePointer", "cudaErrorInvalidResourceHandle"})
 
 
 def runtime() -> Any:
@@ -71,42 +61,14 @@ def runtime() -> Any:
 
 
 def check_cuda(result: Any, operation: str, *, rank: int | None = None) -> Any:
-    """Unpack a cuda-python ``(error, *values)`` result: the value(s), or raise a ferrodist error.
-
-    No-device errors (no GPU, driver too old) raise ``DeviceUnavailable``; bad handles or
-    values ``InvalidArgument``; anything else ``FerrodistError``.
-    """
-    if isinstance(result, tuple):
-        err, values = result[0], result[1:]
-    else:
-        err, values = result, ()
-    if int(err) != 0:
-        raise cuda_error(err, operation, rank=rank)
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else values
+    """Unpack a cuda-python runtime result ``(error, *values)``: the value(s), or raise the
+    ferrodist error that core's one map gives (``ferrodist.core.cuda.error``)."""
+    return core_cuda.check(result, operation, rank=rank, runtime=runtime(), no_device=_NO_GPU)
 
 
 def cuda_error(err: Any, operation: str, *, rank: int | None = None) -> FerrodistError:
-    """The ferrodist error for a failed CUDA runtime call."""
-    rt = runtime()
-    name = getattr(err, "name", f"cudaError {int(err)}")
-    described = rt.cudaGetErrorString(err)
-    text = described[1].decode(errors="replace") if int(described[0]) == 0 else ""
-    where = f"rank {rank}: " if rank is not None else ""
-    message = f"{where}{operation} failed: {name} ({text})"
-    cls: type[FerrodistError]
-    if name in _NO_DEVICE:
-        cls = DeviceUnavailable
-        message += (
-            "; no usable CUDA GPU: NCCL needs one per rank (check nvidia-smi, CUDA_VISIBLE_DEVICES and that "
-            "the driver is new enough for the CUDA runtime); use the CPU ProcessGroup from ferrodist.collectives"
-        )
-    elif name in _BAD_ARGUMENT:
-        cls = InvalidArgument
-    else:
-        cls = FerrodistError
-    return cls(message, rank=rank, operation=operation)
+    """The ferrodist error for a failed CUDA runtime call (core's one map)."""
+    return core_cuda.error(err, operation, rank=rank, runtime=runtime(), no_device=_NO_GPU)
 
 
 def device_count() -> int:

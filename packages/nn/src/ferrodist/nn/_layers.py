@@ -28,12 +28,6 @@ def _check_grad(module: Module, grad_output: object, shape: tuple[int, ...]) -> 
     return grad
 
 
-def _subtree(module: Module) -> Iterator[Module]:
-    yield module
-    for child in module._modules.values():
-        yield from _subtree(child)
-
-
 class Linear(Module):
     """``y = x @ weight.T + bias`` on inputs of shape ``(batch, in_features)``.
 
@@ -169,7 +163,7 @@ class Sequential(Module):
         for index, module in enumerate(modules):
             if not isinstance(module, Module):
                 raise TypeError(f"Sequential: argument {index} is a {type(module).__name__}, not a Module")
-            for part in _subtree(module):
+            for part in module.modules():
                 if id(part) in seen:
                     raise ValueError(
                         f"Sequential: argument {index} repeats the module {part!r}; a module keeps one forward "

@@ -1,8 +1,7 @@
 """torch tensors in, what ferrodist's collectives take out, and results back.
 
-A contiguous CPU tensor becomes a numpy array over the same memory (``Tensor.numpy()``;
-bfloat16 through an int16 view, since numpy has no bfloat16 of its own), so a collective
-writes straight into the tensor. A CUDA tensor is handed over as it is: ferrodist's
+A contiguous CPU tensor becomes a numpy array over the same memory (core's ``host_view``,
+which also views bfloat16), so a collective writes straight into the tensor. A CUDA tensor is handed over as it is: ferrodist's
 ``as_tensor`` views it through ``__cuda_array_interface__`` and the group runs it on the
 device engine of ferrodist-gpu. A tensor that is not contiguous goes through a contiguous
 copy, which is copied back into it when the call has finished (``Staging.finish``).
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ferrodist.core import InvalidArgument, bfloat16
+from ferrodist.core import InvalidArgument, bfloat16, host_view
 
 #: The reduce ops of torch (by ``RedOpType`` name) that ferrodist has under the same name.
 REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
@@ -66,21 +65,18 @@ class Staging:
 
     def view(self, tensor: torch.Tensor) -> Any:
         """What ferrodist is given for a contiguous tensor: a numpy array over the same
-        memory on the CPU, the tensor itself on CUDA."""
+        memory on the CPU (core's ``host_view``, bfloat16 included), the tensor itself on CUDA."""
         if tensor.device.type == "cuda":
             return tensor
-        detached = tensor.detach()
-        if detached.dtype == torch.bfloat16:
-            return detached.view(torch.int16).numpy().view(bfloat16.numpy)
-        try:
-            return detached.numpy()
-        except TypeError as exc:  # complex32, float8, quantized, ...: not a dtype ferrodist moves
+        array = host_view(tensor)
+        if array is None:  # complex32, float8, quantized, ...: not a dtype ferrodist moves
             raise InvalidArgument(
                 f"rank {self.rank}: {self.operation}: torch.{str(tensor.dtype).removeprefix('torch.')} tensors are "
-                f"not supported by the ferrodist backend ({exc}); use a float, int, uint or bool dtype",
+                "not supported by the ferrodist backend; use a float, int, uint or bool dtype",
                 rank=self.rank,
                 operation=self.operation,
-            ) from None
+            )
+        return array
 
     def arg(self, tensor: object, *, output: bool, what: str = "tensor") -> Any:
         """``view(contiguous(tensor))``."""
@@ -113,11 +109,12 @@ class Staging:
         return [self.view(piece) for piece in torch.split(tensor, [int(s) for s in sizes])]
 
     def finish(self) -> None:
-        """After the call: copy staged results back; on CUDA wait for the device's work."""
+        """After the call: copy staged results back."""
         for tensor, staged in self._back:
             tensor.copy_(staged)
-        if self.cuda:
-            torch.cuda.synchronize()
+        # CUDA: nothing to wait for here. The engine waited for its own copies and kernels
+        # before the call returned, and the copies back above run on the current stream,
+        # in order before whatever the caller runs on it next.
 
 
 def dense_only(tensor: torch.Tensor, rank: int, operation: str, what: str) -> InvalidArgument:
