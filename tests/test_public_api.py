@@ -240,6 +240,8 @@ PUBLIC_API: dict[str, set[str]] = {
         "ScheduleError",
         "Slot",
         "Stage",
+        "Step",
+        "lower",
         "Timeline",
         "ZeroBubbleH1",
         "simulate",

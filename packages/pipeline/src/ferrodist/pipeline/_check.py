@@ -1,10 +1,11 @@
-"""``validate`` and ``simulate``: run every rank's action list symbolically, before any data moves.
+"""``validate`` and ``simulate``: run every rank's steps symbolically, before any data moves.
 
-Each action waits for what it needs: F of stage s for F of stage s-1 (the activation
-message), B (or BW) for its own F and for B of stage s+1 (the gradient message), W for its
-own B. Messages are buffered, as the engine's sends are, so a schedule is runnable exactly
-when this execution finishes every list; when it stops first, the error names each stuck
-rank, the action it is stuck at and the action it waits for.
+They run the lowered lists (``_lower``), the same steps the engine runs: the compute
+actions with the messages they imply. A receive waits for its send; sends are buffered,
+as the engine's are, so a schedule is runnable exactly when this execution finishes
+every list; when it stops first, the error names each stuck rank, the action it is stuck
+at and the action it waits for. Each rank's list is first checked on its own: every
+action once, each after the ones it needs on that rank (B after F, W after B).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from ferrodist.core import BackendUnavailable, InvalidArgument
 
+from ._lower import RECV, SEND, Step, lower_actions
 from ._schedules import Action, Schedule, _count
 
 __all__ = ["ScheduleError", "Slot", "Timeline", "simulate", "validate"]
@@ -183,39 +185,42 @@ def runs(schedule: Schedule, lists: Sequence[Sequence[Action]], p: int) -> bool:
 def _execute(
     schedule: Schedule, lists: list[list[Action]], p: int, m: int, cost: Callable[[Action, int], float] | None
 ) -> Timeline:
-    last = p * schedule.chunks - 1
-    stages = [[schedule.stage(r, a.chunk, p) for a in actions] for r, actions in enumerate(lists)]
+    """Run the lowered lists (``_lower``: what the engine runs) on a clock: a compute step
+    takes its cost once its rank is free; a send takes no time and never waits; a receive
+    waits for its send."""
     for rank, actions in enumerate(lists):
         _check_list(schedule, rank, actions, p, m)
-    where: dict[tuple[str, int, int], tuple[int, int]] = {}  # (kind, micro-batch, stage) -> (rank, index)
-    for rank, actions in enumerate(lists):
-        for index, (a, s) in enumerate(zip(actions, stages[rank], strict=True)):
-            for kind in ("B", "W") if a.kind == "BW" else (a.kind,):
-                where[(kind, a.microbatch, s)] = (rank, index)
-    finish: dict[tuple[str, int, int], float] = {}
+    steps = [lower_actions(actions, rank, p, schedule.chunks) for rank, actions in enumerate(lists)]
+    sent_at: dict[tuple[bool, int, int], float] = {}  # message -> when its send ran
+    sender: dict[tuple[bool, int, int], tuple[int, int]] = {}  # message -> (rank, action index) sending it
+    for rank, row in enumerate(steps):
+        for step in row:
+            if step.kind == SEND:
+                sender[step.message] = (rank, step.index)
     pos, clock = [0] * p, [0.0] * p
     rows: list[list[Slot]] = [[] for _ in range(p)]
     while True:
         progressed = False
         for rank in range(p):
-            actions = lists[rank]
-            while pos[rank] < len(actions):
-                a, s = actions[pos[rank]], stages[rank][pos[rank]]
-                needs = _needs(a, s, last)
-                if any(need not in finish for need in needs):
-                    break
-                start = max([clock[rank], *(finish[need] for need in needs)])
-                end = start + (cost(a, s) if cost is not None else 1.0)
-                for kind in ("B", "W") if a.kind == "BW" else (a.kind,):
-                    finish[(kind, a.microbatch, s)] = end
-                rows[rank].append(Slot(rank, s, a, start, end))
-                clock[rank] = end
+            row = steps[rank]
+            while pos[rank] < len(row):
+                step = row[pos[rank]]
+                if step.kind == RECV:
+                    if step.message not in sent_at:
+                        break
+                    clock[rank] = max(clock[rank], sent_at[step.message])
+                elif step.kind == SEND:
+                    sent_at[step.message] = clock[rank]
+                else:
+                    start = clock[rank]
+                    clock[rank] = start + (cost(step.action, step.stage) if cost is not None else 1.0)
+                    rows[rank].append(Slot(rank, step.stage, step.action, start, clock[rank]))
                 pos[rank] += 1
                 progressed = True
-        if all(pos[r] == len(lists[r]) for r in range(p)):
+        if all(pos[r] == len(steps[r]) for r in range(p)):
             break
         if not progressed:
-            raise ScheduleError(_deadlock(schedule, lists, stages, pos, finish, where, last))
+            raise ScheduleError(_deadlock(schedule, steps, pos, sender))
     makespan = max(clock)
     busy = sum(slot.end - slot.start for row in rows for slot in row)
     return Timeline(
@@ -227,15 +232,6 @@ def _execute(
         bubble_fraction=1.0 - busy / (p * makespan) if makespan > 0 else 0.0,
         peak_activations=tuple(_peak(actions) for actions in lists),
     )
-
-
-def _needs(a: Action, s: int, last: int) -> list[tuple[str, int, int]]:
-    i = a.microbatch
-    if a.kind == "F":
-        return [("F", i, s - 1)] if s > 0 else []
-    if a.kind == "W":
-        return [("B", i, s)]
-    return [("F", i, s)] + ([("B", i, s + 1)] if s < last else [])
 
 
 def _check_list(schedule: Schedule, rank: int, actions: list[Action], p: int, m: int) -> None:
@@ -279,29 +275,30 @@ def _suffix(a: Action) -> str:
 
 def _deadlock(
     schedule: Schedule,
-    lists: list[list[Action]],
-    stages: list[list[int]],
+    steps: list[list[Step]],
     pos: list[int],
-    finish: dict[tuple[str, int, int], float],
-    where: dict[tuple[str, int, int], tuple[int, int]],
-    last: int,
+    sender: dict[tuple[bool, int, int], tuple[int, int]],
 ) -> str:
+    """Each stuck rank: the action whose message it waits for, and where the rank that
+    would send it is stuck (only receives wait)."""
     parts = []
-    for rank, actions in enumerate(lists):
-        if pos[rank] == len(actions):
+    for rank, row in enumerate(steps):
+        if pos[rank] == len(row):
             continue
-        a, s = actions[pos[rank]], stages[rank][pos[rank]]
-        for need in _needs(a, s, last):
-            if need in finish:
-                continue
-            owner, index = where[need]
-            blocker = lists[owner][pos[owner]] if pos[owner] < len(lists[owner]) else None
-            parts.append(
-                f"rank {rank} at its action #{pos[rank]} ({a}, stage {s}) waits for {need[0]}{need[1]} of stage "
-                f"{need[2]} (rank {owner}'s action #{index}), which rank {owner} has not reached: it is stuck at "
-                f"#{pos[owner]} ({blocker})"
-            )
-            break
+        step = row[pos[rank]]
+        gradient, i, boundary = step.message
+        needed = f"B{i} of stage {boundary + 1}" if gradient else f"F{i} of stage {boundary}"
+        where = f"rank {rank} at its action #{step.index} ({step.action}, stage {step.stage}) waits for {needed}"
+        if step.message not in sender:
+            parts.append(f"{where}, which no rank sends")
+            continue
+        owner, index = sender[step.message]
+        blocker = steps[owner][pos[owner]] if pos[owner] < len(steps[owner]) else None
+        at = blocker.index if blocker is not None else len(steps[owner])
+        parts.append(
+            f"{where} (rank {owner}'s action #{index}), which rank {owner} has not reached: it is stuck at #{at} "
+            f"({blocker.action if blocker is not None else None})"
+        )
     return f"{schedule!r} deadlocks: " + "; ".join(parts)
 
 

@@ -5,7 +5,9 @@ input from stage s - 1 (the batch's rows on stage 0), runs the chunk, and sends 
 to stage s + 1 (the last stage computes the loss instead). B receives the gradient of the
 output from stage s + 1 (the last stage starts from its loss), computes the gradient of
 the input and sends it to stage s - 1. W accumulates the weight gradients; BW does both.
-Sends never wait for their receiver; receives are posted a few actions ahead, into buffers
+The sends and receives are steps of the rank's list, made explicit by lowering the
+schedule (``_lower``), the same steps ``validate`` and ``simulate`` run. Sends never wait
+for their receiver; receives are posted a few actions ahead, into buffers
 the receiving chunk makes (numpy arrays, or tensors on its GPU: device arrays travel through
 the group's device engine). A failure on one rank aborts the group, so every other rank
 raises at once instead of at its deadline.
@@ -21,6 +23,7 @@ from ferrodist.collectives import default_group, tracing
 from ferrodist.core import CollectiveMismatch, DType, Group, InvalidArgument, Work, as_tensor
 
 from ._check import validate
+from ._lower import RECV, SEND, Step, lower_actions
 from ._schedules import Action, Schedule
 from ._stages import Stage, adapt_stage
 from ._wire import HEADER_WORDS, Pool, check_sizes, header, read_header, split_rows, tag
@@ -70,6 +73,7 @@ class Pipeline:
         validate(schedule, p, n_microbatches)
         check_sizes(p * schedule.chunks, n_microbatches)
         self.actions = schedule.actions(self.group.rank, p, n_microbatches)
+        self.lowered = lower_actions(self.actions, self.group.rank, p, schedule.chunks)
         self.steps = 0
         self._pool = Pool()
 
@@ -102,7 +106,7 @@ class Pipeline:
             reduction = getattr(loss_fn, "reduction", "mean")
         if reduction not in ("mean", "sum"):
             raise InvalidArgument(f"Pipeline.train_step: reduction must be 'mean' or 'sum', not {reduction!r}")
-        loss = self._run(self.actions, inputs, targets, loss_fn, reduction, training=True)
+        loss = self._run(self.lowered, inputs, targets, loss_fn, reduction, training=True)
         if broadcast_loss:
             value = np.array([loss if loss is not None else 0.0])
             self.group.broadcast(value, self.group.size - 1)
@@ -113,14 +117,15 @@ class Pipeline:
         """Forward only, micro-batch by micro-batch; returns the outputs of the whole batch
         on the last stage (a numpy array, or a tensor for torch stages), None elsewhere."""
         forwards = [Action("F", i, c) for i in range(self.n_microbatches) for c in range(self.schedule.chunks)]
-        return self._run(forwards, inputs, None, None, "mean", training=False)
+        steps = lower_actions(forwards, self.group.rank, self.group.size, self.schedule.chunks)
+        return self._run(steps, inputs, None, None, "mean", training=False)
 
     # -- the engine ----------------------------------------------------------------------
     def _run(
-        self, actions: list[Action], inputs: Any, targets: Any, loss_fn: Any, reduction: str, *, training: bool
+        self, steps: list[Step], inputs: Any, targets: Any, loss_fn: Any, reduction: str, *, training: bool
     ) -> Any:
         self.steps += 1
-        run = _Step(self, actions, inputs, targets, loss_fn, reduction, training)
+        run = _Step(self, steps, inputs, targets, loss_fn, reduction, training)
         try:
             return run.go()
         except BaseException as exc:
@@ -138,7 +143,7 @@ class _Step:
     def __init__(
         self,
         pipe: Pipeline,
-        actions: list[Action],
+        steps: list[Step],
         inputs: Any,
         targets: Any,
         loss_fn: Any,
@@ -146,7 +151,7 @@ class _Step:
         training: bool,
     ) -> None:
         self.pipe = pipe
-        self.actions = actions
+        self.steps = steps
         self.loss_fn = loss_fn
         self.reduction = reduction
         self.training = training
@@ -164,6 +169,8 @@ class _Step:
         self.posted: dict[tuple[str, int, int], tuple[Work | None, Any, Any]] = {}
         self.held: dict[tuple[int, int], list[tuple[Any, DType]]] = {}  # (stage, mb) -> pool buffers until W
         self.local: dict[int, Any] = {}  # messages to this rank itself (p == 1)
+        self.inbox: dict[tuple[str, int, int], Any] = {}  # received, for the compute step after
+        self.outbox: dict[tuple[str, int, int], tuple[Any, Stage]] = {}  # computed, for the send step after
         self.sends: list[Work] = []
         self.outputs: dict[int, Any] = {}
         self.loss = 0.0
@@ -194,24 +201,31 @@ class _Step:
     def _rank_of(self, stage: int) -> int:
         return stage % self.p
 
-    def _stage(self, a: Action) -> int:
-        return a.chunk * self.p + self.me
-
     # -- the loop -----------------------------------------------------------------------
     def go(self) -> Any:
         traced = tracing.enabled()  # FERRODIST_TRACE: each action on the rank's timeline
-        for k, a in enumerate(self.actions):
+        for k, step in enumerate(self.steps):
+            self._post_ahead(k)
+            if step.kind == RECV:
+                kind = "B" if step.gradient else "F"
+                self.inbox[(kind, step.stage, step.action.microbatch)] = self._receive(
+                    kind, step.stage, step.action.microbatch
+                )
+                continue
+            if step.kind == SEND:
+                self._deliver(step)
+                continue
             start = tracing.now() if traced else 0
-            self._act(k, a)
+            self._act(step.action, step.stage)
             if traced:
                 tracing.span(
                     self.pipe.group,
-                    str(a),
+                    str(step.action),
                     "pipeline",
                     "pipeline actions",
                     start,
                     step=self.pipe.steps,
-                    stage=self._stage(a),
+                    stage=step.stage,
                 )
         for work in self.sends:
             work.wait()
@@ -221,24 +235,36 @@ class _Step:
             return self.pipe.stages[-1].concat([self.outputs[i] for i in range(self.m)])
         return self.loss if self.last in self._my_stages() else None
 
-    def _act(self, k: int, a: Action) -> None:
-        """Run action ``k`` of this rank's list (with its receives, and its sends started)."""
-        self._post_ahead(k)
-        s = self._stage(a)
+    def _act(self, a: Action, s: int) -> None:
+        """Run compute action ``a`` of stage ``s`` (its receive done, its send left to the next step)."""
         stage = self.pipe.stages[a.chunk]
+        i = a.microbatch
         if a.kind == "F":
             self._forward(a, s, stage)
         elif a.kind == "W":
-            stage.backward_weight(a.microbatch)
-            self._release(s, a.microbatch)
+            stage.backward_weight(i)
+            self._release(s, i)
         else:
-            grad = None if s == self.last else self._receive("B", s, a.microbatch)
+            grad = None if s == self.last else self.inbox.pop(("B", s, i))
             fused = a.kind == "BW"
-            gx = stage.backward(a.microbatch, grad) if fused else stage.backward_input(a.microbatch, grad)
+            gx = stage.backward(i, grad) if fused else stage.backward_input(i, grad)
             if s > 0:
-                self._send_grad(s, a.microbatch, stage, gx)
+                self._check_grad(s, i, gx)
+                self.outbox[("B", s, i)] = (gx, stage)
             if fused:
-                self._release(s, a.microbatch)
+                self._release(s, i)
+
+    def _deliver(self, step: Step) -> None:
+        """Send what the compute step before made: stage s's output to s + 1, or the gradient
+        of its input to s - 1."""
+        s, i = step.stage, step.action.microbatch
+        if step.gradient:
+            gx, stage = self.outbox.pop(("B", s, i))
+            dtype, _ = self.shapes[s - 1]
+            self._send(s - 1, tag(s - 1, True, i), stage.outgoing(gx, dtype), stage)
+        else:
+            out, stage = self.outbox.pop(("F", s, i))
+            self._send(s + 1, tag(s, False, i), out, stage)
 
     def cancel(self) -> None:
         self.posted.clear()
@@ -251,7 +277,7 @@ class _Step:
             lo, hi = self._rows(0, i)
             x = self.inputs[lo:hi]
         else:
-            x = self._receive("F", s, i)
+            x = self.inbox.pop(("F", s, i))
         y = stage.forward(i, x, keep=self.training)
         if s == self.last:
             if not self.training:
@@ -283,20 +309,19 @@ class _Step:
                 f"but this step's first one announced {(hi - lo, *trailing)} and {dtype.name}: every micro-batch's "
                 "output must have the same shape past the batch dimension"
             )
-        self._send(s + 1, tag(s, False, i), out, stage)
+        self.outbox[("F", s, i)] = (out, stage)
 
     # -- backward -----------------------------------------------------------------------
-    def _send_grad(self, s: int, i: int, stage: Stage, gx: Any) -> None:
+    def _check_grad(self, s: int, i: int, gx: Any) -> None:
         if gx is None:
             raise InvalidArgument(f"{self.who}: stage {s} produced no gradient for its input (micro-batch {i})")
-        dtype, trailing = self.shapes[s - 1]
+        _, trailing = self.shapes[s - 1]
         lo, hi = self._rows(s, i)
         if tuple(gx.shape) != (hi - lo, *trailing):
             raise InvalidArgument(
                 f"{self.who}: stage {s}'s gradient for its input (micro-batch {i}) has shape {tuple(gx.shape)}, but "
                 f"the input had shape {(hi - lo, *trailing)}"
             )
-        self._send(s - 1, tag(s - 1, True, i), stage.outgoing(gx, dtype), stage)
 
     # -- messages -----------------------------------------------------------------------
     def _send(self, stage: int, wire_tag: int, data: Any, sender: Stage | None) -> None:
@@ -368,15 +393,19 @@ class _Step:
         return True
 
     def _post_ahead(self, k: int) -> None:
-        """Post the receives of the next few actions whose shapes are known."""
-        for a in self.actions[k : k + LOOKAHEAD]:
-            s, i = self._stage(a), a.microbatch
-            if a.kind == "F" and s > 0 and ("F", s, i) not in self.posted and self._rank_of(s - 1) != self.me:
-                if s in self.batch or self._header_arrived(s - 1):
-                    self._post("F", s, i)
-            elif a.kind in ("B", "BW") and s < self.last and ("B", s, i) not in self.posted:
-                if s in self.shapes and self._rank_of(s + 1) != self.me:
+        """Post the receives among the next few actions' steps whose shapes are known."""
+        first = self.steps[k].index
+        for step in self.steps[k:]:
+            if step.index >= first + LOOKAHEAD:
+                break
+            if step.kind != RECV or step.peer == self.me:
+                continue
+            s, i = step.stage, step.action.microbatch
+            if step.gradient:
+                if ("B", s, i) not in self.posted and s in self.shapes:
                     self._post("B", s, i)
+            elif ("F", s, i) not in self.posted and (s in self.batch or self._header_arrived(s - 1)):
+                self._post("F", s, i)
 
     def _header_arrived(self, boundary: int) -> bool:
         work, _ = self.headers[boundary]
