@@ -263,7 +263,7 @@ class ProcessGroup:
         x = host_view(tensor)
         signature = None if x is None else ("all_reduce", x.dtype, x.size, op, algorithm, compress)
         if x is not None and x.flags.writeable and (plan := self._route.known(signature)) is not None:
-            return self._runner.run(plan, (x.reshape(-1),), async_op, timeout)
+            return self._runner.run(plan, (x if x.ndim == 1 else x.reshape(-1),), async_op, timeout)
         check = self._checker("all_reduce")
         t = check.tensor(tensor, writeable=True)
         reduce_op = check.op(op, t)
@@ -294,7 +294,7 @@ class ProcessGroup:
         signature = None if x is None else ("broadcast", x.dtype, x.size, src)
         if x is not None and (plan := self._route.known(signature)) is not None:
             if x.flags.writeable or plan.root == self._rank:
-                return self._runner.run(plan, (x.reshape(-1),), async_op, timeout)
+                return self._runner.run(plan, (x if x.ndim == 1 else x.reshape(-1),), async_op, timeout)
         check = self._checker("broadcast")
         root = check.root(src, self.size, "src")
         t = check.tensor(tensor, writeable=self._rank != root)

@@ -9,7 +9,8 @@ picks and publishes it there, so nothing else has to be agreed on.
 The first group over every rank (the default group) starts the transport; every later
 group whose members it has (``new_group``, a ``DeviceMesh``'s dimensions) is a
 ``subgroup`` of it: the same sockets or arena, a channel of its own, made by the members
-alone in milliseconds. A group made while no such world group lives starts its own.
+alone in milliseconds. A group made while no such world group lives, or while
+``FERRODIST_TORCH_TRANSPORT`` names another transport than the world's, starts its own.
 
 Which transport (``FERRODIST_TORCH_TRANSPORT``): ``shm`` when the launcher says every rank
 runs on this host (torchrun's and ``ferrodist run``'s ``LOCAL_WORLD_SIZE``), else ``tcp``
@@ -34,8 +35,8 @@ from ._group import FerrodistProcessGroup
 #: The transports a torch group can run over (``FERRODIST_TORCH_TRANSPORT``).
 TRANSPORTS = ("auto", "shm", "tcp", "mpi")
 _log = logging.getLogger("ferrodist.torch")
-#: The torch groups over every rank that started a transport, the live one last.
-_worlds: list[weakref.ref[FerrodistProcessGroup]] = []
+#: The torch groups over every rank that started a transport (with its kind), the live one last.
+_worlds: list[tuple[weakref.ref[FerrodistProcessGroup], str]] = []
 
 
 def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
@@ -70,17 +71,19 @@ def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
     )
     made = FerrodistProcessGroup(group, common.store, description=name)
     if members == list(range(size)) and world is None:
-        _worlds.append(weakref.ref(made))
+        _worlds.append((weakref.ref(made), kind))
     return made
 
 
 def _world() -> ProcessGroup | None:
     """The ferrodist group of the live torch group over every rank (the default group) that
-    later groups share the transport of, or None."""
+    a new group shares the transport of, or None: none lives, or FERRODIST_TORCH_TRANSPORT
+    now names another transport than the world's (the new group then starts that one)."""
     while _worlds:
-        made = _worlds[-1]()
+        made, kind = _worlds[-1][0](), _worlds[-1][1]
         if made is not None and not made.closed:
-            return made.ferrodist_group
+            wanted = os.environ.get("FERRODIST_TORCH_TRANSPORT", "auto").strip().lower() or "auto"
+            return made.ferrodist_group if wanted in ("auto", kind) else None
         _worlds.pop()
     return None
 
