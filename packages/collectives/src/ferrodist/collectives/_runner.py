@@ -18,7 +18,7 @@ from ferrodist.core import CollectiveMismatch, FerrodistError, GroupAborted
 from ferrodist.transport import Transport
 
 from . import _failure, _trace
-from ._call import Call, Scratch, collective_tag
+from ._call import MAX_USER_TAG, Call, Scratch, collective_tag
 from ._debug import check_agreement
 from ._fingerprint import describe, nbytes
 from ._order import CallOrder
@@ -62,6 +62,7 @@ class Runner:
         self.member = member  # the group's check: this rank's group rank, or raise
         self.rank = self.ranks.index(transport.rank) if transport.rank in self.ranks else None
         self.order = CallOrder()
+        self._tags = collective_tag(group_id, 0)  # a call's tag: this, with its number in the low bits
         self._peer_failure: tuple[int, FerrodistError] | None = (
             None  # (call, error) a peer failed before this rank entered it
         )
@@ -160,8 +161,8 @@ class Runner:
                     started = _trace.now()
             order.entered = seq
             deadline = time.monotonic() + self.timeout
-            fp = plan.fingerprint
-            body(Call(self.transport, self.ranks, rank, self._tag(seq), deadline, self.scratch, fp, seq), *arrays)
+            tag = self._tags | (seq & MAX_USER_TAG)
+            body(Call(self.transport, self.ranks, rank, tag, deadline, self.scratch, plan.fingerprint, seq), *arrays)
             failed = False
         except FerrodistError as exc:
             raise self._fail(exc, plan.operation, seq).with_traceback(exc.__traceback__) from None
@@ -214,7 +215,7 @@ class Runner:
 
     # -- internals ---------------------------------------------------------------------------
     def _tag(self, seq: int) -> int:
-        return collective_tag(self.group_id, seq)
+        return self._tags | (seq & MAX_USER_TAG)
 
     def _enter(self, seq: int, limit: float, operation: str) -> None:
         """Wait for call ``seq``'s turn; raise ``GroupAborted`` if the group was aborted.
