@@ -42,7 +42,9 @@ def test_each_kind_of_call_is_planned_once_and_printed_with_its_route(monkeypatc
         ], mine
 
 
-def test_a_call_seen_before_skips_the_checks_and_a_changed_array_does_not(monkeypatch):
+@pytest.fixture
+def checks_made(monkeypatch):
+    """The operations whose arguments were checked (each check makes a Checker), in order."""
     made = []
     real = _checks.Checker.__init__
 
@@ -51,6 +53,11 @@ def test_a_call_seen_before_skips_the_checks_and_a_changed_array_does_not(monkey
         real(self, rank, operation)
 
     monkeypatch.setattr(_checks.Checker, "__init__", counting)
+    return made
+
+
+def test_a_call_seen_before_skips_the_checks_and_a_changed_array_does_not(checks_made):
+    made = checks_made
     dist.init_process_group("simulated")
     try:
         x = np.ones(8, np.float32)
@@ -69,16 +76,9 @@ def test_a_call_seen_before_skips_the_checks_and_a_changed_array_does_not(monkey
         dist.destroy_process_group()
 
 
-def test_torch_cpu_tensors_take_the_same_plan_without_conversion(monkeypatch):
+def test_torch_cpu_tensors_take_the_same_plan_without_conversion(checks_made):
     torch = pytest.importorskip("torch")
-    made = []
-    real = _checks.Checker.__init__
-
-    def counting(self, rank, operation):
-        made.append(operation)
-        real(self, rank, operation)
-
-    monkeypatch.setattr(_checks.Checker, "__init__", counting)
+    made = checks_made
 
     def rank_main():
         rank = dist.get_rank()

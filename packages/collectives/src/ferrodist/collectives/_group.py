@@ -402,19 +402,7 @@ class ProcessGroup:
         check = self._checker("gather")
         root = check.root(dst, self.size, "dst")
         t = check.tensor(tensor)
-        blocks = None
-        if self._rank == root:
-            blocks = check.blocks(
-                check.present(gather_list, "gather_list"), t, self.size, "gather_list", writeable=True
-            )
-        else:
-            check.absent(gather_list, "gather_list", "dst", root)
-        engine = self._engine("gather", [t, *check.seen], t.dtype)
-        plan = self._route.plan("gather", t.dtype, t.numel, root=root, engine=engine)
-        if engine is None:
-            return self._runner.run(plan, (t.flat(), blocks), async_op, timeout, t.shape)
-        tensors = None if blocks is None else device_blocks(blocks, t.dtype)
-        return self._runner.run(plan, (t, tensors), async_op, timeout, t.shape)
+        return self._rooted(check, t, root, gather_list, "dst", fill=True, async_op=async_op, timeout=timeout)
 
     def scatter(
         self,
@@ -437,14 +425,30 @@ class ProcessGroup:
         check = self._checker("scatter")
         root = check.root(src, self.size, "src")
         t = check.tensor(tensor, writeable=True)
+        return self._rooted(check, t, root, scatter_list, "src", fill=False, async_op=async_op, timeout=timeout)
+
+    def _rooted(
+        self,
+        check: Checker,
+        t: Tensor,
+        root: int,
+        listed: Any,
+        root_name: str,
+        *,
+        fill: bool,
+        async_op: bool,
+        timeout: Timeout,
+    ) -> Work | None:
+        """gather (``fill``: the root's blocks are written) and scatter: the root's blocks
+        from ``listed`` (None elsewhere, where it must be None), then the plan and the run."""
+        what = f"{check.operation}_list"
         blocks = None
         if self._rank == root:
-            parts = check.present(scatter_list, "scatter_list")
-            blocks = check.blocks(parts, t, self.size, "scatter_list", writeable=False)
+            blocks = check.blocks(check.present(listed, what), t, self.size, what, writeable=fill)
         else:
-            check.absent(scatter_list, "scatter_list", "src", root)
-        engine = self._engine("scatter", [t, *check.seen], t.dtype)
-        plan = self._route.plan("scatter", t.dtype, t.numel, root=root, engine=engine)
+            check.absent(listed, what, root_name, root)
+        engine = self._engine(check.operation, [t, *check.seen], t.dtype)
+        plan = self._route.plan(check.operation, t.dtype, t.numel, root=root, engine=engine)
         if engine is None:
             return self._runner.run(plan, (t.flat(), blocks), async_op, timeout, t.shape)
         tensors = None if blocks is None else device_blocks(blocks, t.dtype)

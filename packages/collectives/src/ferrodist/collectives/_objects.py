@@ -43,6 +43,18 @@ def pickled(obj: object) -> tuple[bytes, BaseException | None]:
         return b"", exc
 
 
+def pickled_all(objects: list[Any]) -> tuple[list[bytes], int | None, BaseException | None]:
+    """The pickles of ``objects``, in order, up to the first that fails: (pickles, the index
+    of the one that failed or None, its error or None)."""
+    parts: list[bytes] = []
+    for index, obj in enumerate(objects):
+        data, failure = pickled(obj)
+        if failure is not None:
+            return parts, index, failure
+        parts.append(data)
+    return parts, None, None
+
+
 def unpickled(data: Array, source: int, check: Checker) -> Any:
     """The object pickled in ``data`` (uint8), sent by global rank ``source``."""
     try:
@@ -112,15 +124,9 @@ def broadcast_object_list(
     failure: BaseException | None = None
     me = group.rank
     if me == root:
-        for index, obj in enumerate(object_list):
-            data, failure = pickled(obj)
-            if failure is not None:
-                header[1] = -1 - index
-                break
-            parts.append(data)
-            sizes[index] = len(data)
-        else:
-            header[1] = sum(sizes)
+        parts, failed, failure = pickled_all(object_list)
+        sizes[: len(parts)] = [len(p) for p in parts]
+        header[1] = sum(sizes) if failed is None else -1 - failed
     with step(check):
         group.broadcast(header, root, timeout=timeout)
     if header[1] < 0:
@@ -241,14 +247,8 @@ def scatter_object_list(
     if me == root:
         output_list(check, scatter_object_input_list, "scatter_object_input_list", size)
         assert scatter_object_input_list is not None
-        for index, obj in enumerate(scatter_object_input_list):
-            data, failure = pickled(obj)
-            if failure is not None:
-                header[0] = -1 - index
-                break
-            parts.append(data)
-        else:
-            header[0] = max(len(p) for p in parts)
+        parts, failed, failure = pickled_all(scatter_object_input_list)
+        header[0] = max(len(p) for p in parts) if failed is None else -1 - failed
     with step(check):
         group.broadcast(header, root, timeout=timeout)
     if header[0] < 0:
