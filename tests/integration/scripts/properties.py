@@ -170,7 +170,7 @@ def check_options_after_the_fast_path() -> None:
 def check_large_all_reduce_over_mpi(world, rank: int, size: int) -> None:
     """Over MPI, an all_reduce above the native limit runs our ring (Open MPI's
     non-blocking Iallreduce is several times slower there); a small one runs MPI's."""
-    native = world._native
+    native = world._route.native
     calls = []
     mpi_all_reduce = native.all_reduce
     native.all_reduce = lambda *args, **kw: (calls.append(args[0].nbytes), mpi_all_reduce(*args, **kw))[1]
