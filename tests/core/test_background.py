@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from numba import typeof
 from numba.core.compiler_lock import global_compiler_lock
 
 from ferrodist.core import ALL_DTYPES, ReduceOp, bfloat16, float32, reducer
@@ -128,6 +129,30 @@ def test_a_front_without_code_raises_at_once_even_while_the_compiler_is_busy():
     assert prepare([(front, missing.value.types)]) is ticket  # asked again: the same ticket
     front(x)  # now it runs
     assert x.tolist() == [0, 4, 8, 12]
+
+
+def test_code_handed_to_a_front_leaves_a_walk_of_its_table_unharmed():
+    """The compiling thread adds code while a caller's thread may be walking the front's
+    table (Numba does, looking for conversions, when a call's types match no code): the
+    walk must go on. Adding in place raised ``OrderedDict mutated during iteration`` in
+    the caller (a chaos schedule hit it in a reduce_scatter)."""
+
+    @jit(cache=False)
+    def inc(x):  # type: ignore[no-untyped-def]
+        x[0] += 1
+
+    front = background(inc)
+    for dtype in (np.int64, np.float64):
+        ticket = prepare([(front, (typeof(np.zeros(1, dtype)),))])
+        assert ticket.wait(60) and ticket.failed is None
+    walk = iter(front.overloads.values())  # what nopython_signatures does, cut in two
+    next(walk)
+    inc(np.zeros(1, np.int32))  # the dispatcher compiles int32 here
+    front.add_overload(inc.overloads[(typeof(np.zeros(1, np.int32)),)])
+    assert len(list(walk)) == 1  # the rest of the walk, over the table as it was
+    x = np.zeros(1, np.int32)
+    front(x)  # and the new code runs
+    assert x[0] == 1
 
 
 def test_compiled_code_runs_while_another_thread_compiles():

@@ -76,6 +76,18 @@ class Front(CPUDispatcher):
         self._can_compile = False
         self.source = source
 
+    def add_overload(self, cres: Any) -> None:
+        """Add compiled code, from the compiling thread, without touching the table a caller's
+        thread may be reading: Numba walks ``overloads`` when a call's types match no code
+        exactly (``nopython_signatures``, to look for conversions), and an OrderedDict that
+        grows during that walk raises ``RuntimeError: OrderedDict mutated during iteration``
+        in the caller. The new code goes into a copy, which then replaces the table."""
+        table = collections.OrderedDict(self.overloads)
+        args = tuple(cres.signature.args)
+        table[args] = cres
+        self._insert([a._code for a in args], cres.entry_point, cres.objectmode)  # type: ignore[attr-defined]
+        self.overloads = table
+
     def _explain_matching_error(self, *args: Any, **kws: Any) -> None:
         raise NotCompiled(self, tuple(self.typeof_pyval(a) for a in args))
 
