@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferrodist.core import Group, ReduceOp, Work
 
-from ._arrays import ArrayOps
+if TYPE_CHECKING:
+    from ._models import Model
+
 
 __all__ = ["GradBucket", "PowerSGD", "allreduce", "bf16_compress", "fp16_compress", "powersgd"]
 
@@ -38,7 +40,7 @@ class GradBucket:
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     group: Group
-    ops: ArrayOps
+    ops: Model  # the array operations of the model's framework (numpy or torch)
     is_last: bool
     shadow: bool = False
     state: dict[str, Any] = field(default_factory=dict)

@@ -8,6 +8,7 @@ only when the caller hands us a torch module (it is then already imported).
 
 from __future__ import annotations
 
+import abc
 import pickle
 import sys
 from collections.abc import Callable, Iterator
@@ -16,14 +17,14 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ferrodist.core import InvalidArgument, is_torch_module
+from ferrodist.core import dtype as _dtype
 
-from ._arrays import ArrayOps, NumpyOps, TorchOps
 from ._buckets import ParamSpec
 
 __all__ = ["KitModel", "Model", "TorchModel", "adapt"]
 
 
-class Model:
+class Model(abc.ABC):
     """What DDP needs of a module: its trainable parameters and buffers, flat buffers of
     the right kind, gradients as views into them, and a call when each gradient is final."""
 
@@ -41,63 +42,100 @@ class Model:
         self.params: list[Any] = []
 
     # -- description -------------------------------------------------------------------
+    @abc.abstractmethod
     def specs(self) -> list[ParamSpec]:
-        raise NotImplementedError
+        """The trainable parameters' names, shapes, dtypes and devices, in order."""
 
+    @abc.abstractmethod
     def state(self) -> Iterator[tuple[str, Any]]:
         """Every parameter and buffer (name, array), in a fixed order, for the first broadcast."""
-        raise NotImplementedError
 
     # -- flat buffers and gradient views ----------------------------------------------------
+    @abc.abstractmethod
     def flat(self, dtype: str, device: str, numel: int) -> Any:
-        raise NotImplementedError
+        """A zeroed flat buffer of ``numel`` elements of ``dtype`` on ``device``."""
 
+    @abc.abstractmethod
     def view(self, flat: Any, offset: int, numel: int, shape: tuple[int, ...]) -> Any:
-        raise NotImplementedError
+        """The ``numel`` elements of ``flat`` from ``offset``, as an array of ``shape`` (no copy)."""
 
+    @abc.abstractmethod
     def grad(self, i: int) -> Any:
-        raise NotImplementedError
+        """Parameter i's gradient (None before its first backward)."""
 
+    @abc.abstractmethod
     def set_grad(self, i: int, value: Any) -> None:
-        raise NotImplementedError
+        """Make ``value`` parameter i's gradient."""
 
+    @abc.abstractmethod
     def is_view(self, grad: Any, view: Any) -> bool:
-        raise NotImplementedError
+        """Whether ``grad`` is ``view`` (the bucket's view of that parameter's gradient)."""
 
-    def copy_into(self, dst: Any, src: Any) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def copy(self, dst: Any, src: Any) -> None:
+        """``dst[:] = src``."""
 
-    def fill_zero(self, array: Any) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def zero_(self, array: Any) -> None:
+        """``array[:] = 0``."""
 
+    @abc.abstractmethod
     def hook(self, i: int, fn: Callable[[int], None]) -> Any:
         """Call ``fn(i)`` each time parameter i's gradient has been accumulated; returns a handle."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def at_end_of_backward(self, fn: Callable[[], None]) -> None:
         """Arrange for ``fn`` to run when the backward now running ends (torch only)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def numpy(self, array: Any) -> np.ndarray:
         """A host numpy view (or copy, for device arrays) of ``array``, for checks and stats."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def small(self, array: np.ndarray) -> Any:
         """``array`` (a few bytes of bookkeeping) as an array the group takes: on the
         parameters' device for torch modules, so an NCCL group can carry it."""
-        raise NotImplementedError
 
-    def array_ops(self) -> ArrayOps:
-        """The array operations of this model's buffers (for the communication hooks)."""
-        raise NotImplementedError
+    # -- array operations (the communication hooks') ---------------------------------------
+    @abc.abstractmethod
+    def empty(self, like: Any, numel: int, dtype: str) -> Any:
+        """A new flat array of ``numel`` elements of ``dtype``, where ``like`` lives."""
 
+    @abc.abstractmethod
+    def cast_scaled(self, dst: Any, src: Any, factor: float) -> None:
+        """``dst[:] = src * factor``, cast to dst's dtype."""
+
+    @abc.abstractmethod
+    def matmul(self, out: Any, a: Any, b: Any) -> None:
+        """``out = a @ b``."""
+
+    @abc.abstractmethod
+    def orthonormalize(self, m: Any) -> None:
+        """Make the columns of ``m`` orthonormal, in place (a thin QR's Q)."""
+
+    @abc.abstractmethod
+    def standard_normal(self, like: Any, shape: tuple[int, int], seed: int) -> Any:
+        """A ``shape`` array of standard normal values from ``seed``, like ``like``."""
+
+    @abc.abstractmethod
+    def sub(self, out: Any, a: Any, b: Any) -> None:
+        """``out = a - b``."""
+
+    @abc.abstractmethod
+    def add_(self, dst: Any, src: Any) -> None:
+        """``dst += src``."""
+
+    @abc.abstractmethod
+    def scale_(self, dst: Any, factor: float) -> None:
+        """``dst *= factor``."""
+
+    @abc.abstractmethod
     def save(self, state: Any, file: BinaryIO) -> None:
         """Write a checkpoint's ``state`` to ``file`` in this framework's format."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def load(self, file: BinaryIO, map_location: Any = None) -> Any:
         """Read a checkpoint's state from ``file``."""
-        raise NotImplementedError
 
 
 class KitModel(Model):
@@ -136,10 +174,10 @@ class KitModel(Model):
     def is_view(self, grad: Any, view: Any) -> bool:
         return grad is view
 
-    def copy_into(self, dst: Any, src: Any) -> None:
+    def copy(self, dst: Any, src: Any) -> None:
         np.copyto(dst, src)
 
-    def fill_zero(self, array: Any) -> None:
+    def zero_(self, array: Any) -> None:
         array.fill(0)
 
     def hook(self, i: int, fn: Callable[[int], None]) -> Any:
@@ -154,8 +192,33 @@ class KitModel(Model):
     def small(self, array: np.ndarray) -> np.ndarray:
         return array
 
-    def array_ops(self) -> ArrayOps:
-        return NumpyOps()
+    def empty(self, like: Any, numel: int, dtype: str) -> np.ndarray:
+        return np.empty(numel, dtype=_dtype(dtype).numpy)
+
+    def cast_scaled(self, dst: Any, src: Any, factor: float) -> None:
+        if factor == 1.0:
+            np.copyto(dst, src, casting="unsafe")
+        else:
+            np.multiply(src, np.float32(factor) if src.dtype != np.float64 else factor, out=dst, casting="unsafe")
+
+    def matmul(self, out: Any, a: Any, b: Any) -> None:
+        np.matmul(a, b, out=out)
+
+    def orthonormalize(self, m: Any) -> None:
+        q, _ = np.linalg.qr(m)
+        m[...] = q
+
+    def standard_normal(self, like: Any, shape: tuple[int, int], seed: int) -> np.ndarray:
+        return np.random.default_rng(seed).standard_normal(shape).astype(like.dtype)
+
+    def sub(self, out: Any, a: Any, b: Any) -> None:
+        np.subtract(a, b, out=out)
+
+    def add_(self, dst: Any, src: Any) -> None:
+        np.add(dst, src, out=dst)
+
+    def scale_(self, dst: Any, factor: float) -> None:
+        np.multiply(dst, factor, out=dst, casting="unsafe")
 
     def save(self, state: Any, file: BinaryIO) -> None:
         pickle.dump(state, file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -209,10 +272,10 @@ class TorchModel(Model):
     def is_view(self, grad: Any, view: Any) -> bool:
         return grad is view or (grad.data_ptr() == view.data_ptr() and grad.shape == view.shape)
 
-    def copy_into(self, dst: Any, src: Any) -> None:
+    def copy(self, dst: Any, src: Any) -> None:
         dst.copy_(src)
 
-    def fill_zero(self, array: Any) -> None:
+    def zero_(self, array: Any) -> None:
         array.zero_()
 
     def hook(self, i: int, fn: Callable[[int], None]) -> Any:
@@ -228,8 +291,37 @@ class TorchModel(Model):
         device = self.params[0].device if self.params else "cpu"
         return self.torch.from_numpy(array).to(device)
 
-    def array_ops(self) -> ArrayOps:
-        return TorchOps()
+    def empty(self, like: Any, numel: int, dtype: str) -> Any:
+        return self.torch.empty(numel, dtype=getattr(self.torch, dtype), device=like.device)
+
+    def cast_scaled(self, dst: Any, src: Any, factor: float) -> None:
+        if dst.dtype == src.dtype or factor == 1.0:
+            dst.copy_(src)
+            if factor != 1.0:
+                dst.mul_(factor)
+        else:
+            # torch refuses out= of a narrower dtype: scale in src's precision, then cast once.
+            dst.copy_(src * factor)
+
+    def matmul(self, out: Any, a: Any, b: Any) -> None:
+        self.torch.matmul(a, b, out=out)
+
+    def orthonormalize(self, m: Any) -> None:
+        q, _ = self.torch.linalg.qr(m)
+        m.copy_(q)
+
+    def standard_normal(self, like: Any, shape: tuple[int, int], seed: int) -> Any:
+        gen = self.torch.Generator(device="cpu").manual_seed(seed)
+        return self.torch.randn(shape, generator=gen, dtype=like.dtype).to(like.device)
+
+    def sub(self, out: Any, a: Any, b: Any) -> None:
+        self.torch.sub(a, b, out=out)
+
+    def add_(self, dst: Any, src: Any) -> None:
+        dst.add_(src)
+
+    def scale_(self, dst: Any, factor: float) -> None:
+        dst.mul_(factor)
 
     def save(self, state: Any, file: BinaryIO) -> None:
         self.torch.save(state, file)

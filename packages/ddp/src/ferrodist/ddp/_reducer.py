@@ -18,7 +18,6 @@ import numpy as np
 from ferrodist.collectives import tracing
 from ferrodist.core import Group, InvalidArgument, ReduceOp, Work, dtype
 
-from ._arrays import ArrayOps
 from ._buckets import BucketPlan
 from ._hooks import GradBucket
 from ._models import Model
@@ -38,7 +37,6 @@ class Reducer:
         self.hook = hook
         self.overlap = overlap
         self.find_unused = find_unused
-        ops: ArrayOps = model.array_ops()
         n = len(model.params)
         self.flats = [model.flat(b.dtype, b.device, b.numel) for b in plan.buckets]
         self.views: list[Any] = [None] * n
@@ -59,11 +57,11 @@ class Reducer:
                     names=b.names,
                     shapes=b.shapes,
                     group=group,
-                    ops=ops,
+                    ops=model,
                     is_last=b.index == len(plan.buckets) - 1,
                 )
             )
-        self.ops = ops
+        self.ops = model
         self.handles = [model.hook(i, self._ready) for i in range(n)]
         self.used = np.zeros(n, dtype=np.uint8)  # gradients seen since the last sync (no_sync steps included)
         self.syncing = False  # a backward averages only when a DDP forward started its step
@@ -103,10 +101,10 @@ class Reducer:
             grad = model.grad(i)
             if grad is None:
                 if not steal:
-                    model.fill_zero(view)
+                    model.zero_(view)
                     model.set_grad(i, view)
             elif not model.is_view(grad, view):
-                model.copy_into(view, grad)
+                model.copy(view, grad)
                 model.set_grad(i, view)
 
     def _ready(self, i: int) -> None:
@@ -115,7 +113,7 @@ class Reducer:
         if grad is not None and not model.is_view(grad, self.views[i]):
             # The gradient arrived in an array of its own (the step was not prepared, or the
             # optimizer set it to None): one copy into the bucket, and the view from now on.
-            model.copy_into(self.views[i], grad)
+            model.copy(self.views[i], grad)
             model.set_grad(i, self.views[i])
         self.used[i] = 1
         if model.autograd and not self.queued:
@@ -162,10 +160,10 @@ class Reducer:
             # parameter), carries what no_sync steps kept, else zeros.
             grad, view = model.grad(i), self.views[i]
             if grad is None:
-                model.fill_zero(view)
+                model.zero_(view)
                 model.set_grad(i, view)
             elif not model.is_view(grad, view):
-                model.copy_into(view, grad)
+                model.copy(view, grad)
                 model.set_grad(i, view)
         while self.next < len(self.buckets):
             self._launch(self.next)
