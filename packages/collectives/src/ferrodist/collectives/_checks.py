@@ -31,6 +31,14 @@ class Blocks(list):  # type: ignore[type-arg]
 
     whole: Array | None = None
 
+    @classmethod
+    def of(cls, flat: Array, size: int) -> Blocks:
+        """A flat array as ``size`` consecutive blocks (``whole`` is the array)."""
+        count = flat.shape[0] // size
+        blocks = cls(flat[k * count : (k + 1) * count] for k in range(size))
+        blocks.whole = flat
+        return blocks
+
 
 class Checker:
     """Builds error messages that name the rank and the operation."""
@@ -86,10 +94,7 @@ class Checker:
                 f"{what} has {whole.numel} elements; it needs group size x tensor elements = "
                 f"{size} x {like.numel} = {size * like.numel} (or pass a list of {size} tensors)"
             )
-        flat = whole.flat()
-        blocks = Blocks(flat[i * like.numel : (i + 1) * like.numel] for i in range(size))
-        blocks.whole = flat
-        return blocks
+        return Blocks.of(whole.flat(), size)
 
     def same_kind(self, t: Tensor, like: Tensor, what: str) -> None:
         if t.dtype is not like.dtype:

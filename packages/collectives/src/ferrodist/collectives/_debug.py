@@ -26,6 +26,12 @@ def enabled_by_environment() -> bool:
     return os.environ.get("FERRODIST_DEBUG", "").lower() in ("detail", "1", "true", "yes")
 
 
+def debugging_routes() -> bool:
+    """Whether ``FERRODIST_DEBUG`` asks for every plan and CUDA route to be printed
+    (``route`` among its comma-separated words)."""
+    return "route" in os.environ.get("FERRODIST_DEBUG", "").split(",")
+
+
 def _record(fingerprint: int, shape: tuple[int, ...]) -> np.ndarray:
     record = np.zeros(2 + _MAX_DIMS, np.uint64)
     record[0] = fingerprint

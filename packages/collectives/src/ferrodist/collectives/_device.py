@@ -48,6 +48,7 @@ from ferrodist.core import (
 from . import _ring
 from ._call import Call
 from ._checks import Blocks
+from ._debug import debugging_routes
 
 __all__ = ["ENV", "ROUTES", "Choice", "DeviceRoute", "Record", "choose", "device_type", "requested_route"]
 
@@ -256,7 +257,7 @@ class DeviceRoute:
         """The body of the setup call: exchange records, choose, start the engine."""
         mine = local_record(self.requested)
         everyone = np.zeros(call.size * RECORD_BYTES, np.uint8)
-        blocks = Blocks(everyone[r * RECORD_BYTES : (r + 1) * RECORD_BYTES] for r in range(call.size))
+        blocks = Blocks.of(everyone, call.size)
         blocks[call.rank][...] = mine.encode()
         _ring.all_gather(call, blocks)
         records = [Record.decode(block) for block in blocks]
@@ -267,7 +268,7 @@ class DeviceRoute:
         engine = providers()[choice.engine].engine(info)
         engine.start(call)
         _log.info("group %s: CUDA tensors go through the %s engine (%s)", info.name, choice.engine, choice.reason)
-        if "route" in os.environ.get("FERRODIST_DEBUG", "").split(","):
+        if debugging_routes():
             print(
                 f"[ferrodist] rank {call.ranks[call.rank]}: group {info.name}: CUDA route {choice.engine} "
                 f"({choice.reason})",

@@ -36,11 +36,11 @@ from ferrodist.core import (
 from ferrodist.transport import Transport
 
 from . import _direct, _failure, _monitor, _tensors
-from ._checks import Checker, device_blocks, on_group, split_equally, wire_dtype
+from ._checks import Blocks, Checker, device_blocks, on_group, split_equally, wire_dtype
 from ._device import DeviceRoute, device_type, requested_route
 from ._fingerprint import fingerprint
 from ._p2p import Messages
-from ._route import Route, whole
+from ._route import Route
 from ._runner import Runner
 from ._select import all_reduce_algorithm
 from ._timeouts import Timeout
@@ -339,7 +339,7 @@ class ProcessGroup:
         x, out = host_view(tensor), host_view(output)
         signature = None if x is None or out is None else ("all_gather", x.dtype, x.size, out.dtype, out.size)
         if x is not None and out is not None and out.flags.writeable and (plan := self._route.known(signature)):
-            return self._runner.run(plan, (x.reshape(-1), whole(out.reshape(-1), self.size)), async_op, timeout)
+            return self._runner.run(plan, (x.reshape(-1), Blocks.of(out.reshape(-1), self.size)), async_op, timeout)
         check = self._checker("all_gather")
         t = check.tensor(tensor)
         blocks = check.blocks(output, t, self.size, "output", writeable=True)
@@ -371,7 +371,7 @@ class ProcessGroup:
             None if out is None or inp is None else ("reduce_scatter", out.dtype, out.size, inp.dtype, inp.size, op)
         )
         if out is not None and inp is not None and out.flags.writeable and (plan := self._route.known(signature)):
-            return self._runner.run(plan, (out.reshape(-1), whole(inp.reshape(-1), self.size)), async_op, timeout)
+            return self._runner.run(plan, (out.reshape(-1), Blocks.of(inp.reshape(-1), self.size)), async_op, timeout)
         check = self._checker("reduce_scatter")
         t = check.tensor(output, "output", writeable=True)
         blocks = check.blocks(input, t, self.size, "input", writeable=False)

@@ -18,7 +18,6 @@ staged segment takes exactly the route a numpy array of its size would.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -27,23 +26,18 @@ from ferrodist.core import DeviceEngine, DType, GroupInfo, ReduceOp, reducer, ui
 from . import _direct, _doubling, _native, _ring, _tree
 from ._call import Array, Call
 from ._checks import Blocks
+from ._debug import debugging_routes
 from ._device import RECORD_BYTES, DeviceRoute
 from ._fingerprint import COUNT_MASK, fingerprint
 from ._runner import Runner
 from ._select import all_reduce_algorithm
 
-__all__ = ["BoundHost", "Plan", "Route", "debugging_routes", "whole"]
+__all__ = ["BoundHost", "Plan", "Route"]
 
 Body = Callable[..., None]
 #: The most plans a group keeps; past it the table starts again (a program whose shapes
 #: never repeat must not grow it without bound).
 _MAX_PLANS = 1024
-
-
-def debugging_routes() -> bool:
-    """Whether ``FERRODIST_DEBUG`` asks for every plan to be printed (``route`` among its
-    comma-separated words)."""
-    return "route" in os.environ.get("FERRODIST_DEBUG", "").split(",")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,8 +47,8 @@ class Plan:
     ``route`` names where it runs: a device engine (``"nccl"``, ``"staged"``), the
     transport's own collective (``"transport"``) or our algorithm (``"ring"``,
     ``"recursive_doubling"``, ``"tree"``, ``"direct"``, ``"dissemination"``).
-    ``body(call, *arrays)`` runs it inside the call; ``device`` says that the arrays are
-    device ``Tensor`` objects (else flat host arrays and ``Blocks``).
+    ``body(call, *arrays)`` runs it inside the call: device ``Tensor`` objects for a device
+    engine, else flat host arrays and ``Blocks``.
     """
 
     operation: str
@@ -66,7 +60,6 @@ class Plan:
     divisor: float
     fingerprint: int
     body: Body = dataclasses.field(repr=False, compare=False)
-    device: bool = False
 
     def __str__(self) -> str:
         words = [self.operation]
@@ -125,9 +118,8 @@ class Route:
         if plan is None:
             plan = self._make(operation, dt, count, op, root, algorithm, engine, wire)
             if len(self._plans) >= _MAX_PLANS:
-                self._plans.clear()
-                self._known.clear()
-            self._plans[key] = plan
+                self._known.clear()  # its plans are the table's
+            _keep(self._plans, key, plan)
             if self.show:
                 print(f"[ferrodist] rank {self.runner.transport.rank}: group {self.info.name}: {plan}", flush=True)
         if signature is not None and self.keep:
@@ -164,7 +156,7 @@ class Route:
             assert dt is not None or operation == "barrier"
             route, body = self.cpu(operation, dt, count, op, root, algorithm)
         scale = op.divisor(size) if op is not None else 1.0
-        return Plan(operation, route, dt, count, op, root, scale, fp, body, engine is not None)
+        return Plan(operation, route, dt, count, op, root, scale, fp, body)
 
     # -- the CPU route ----------------------------------------------------------------------------
     def cpu(
@@ -183,9 +175,7 @@ class Route:
         found = self._bodies.get(key)
         if found is None:
             found = _cpu_body(self.native, self.info, operation, dt, count, op, root, algorithm)
-            if len(self._bodies) >= _MAX_PLANS:
-                self._bodies.clear()
-            self._bodies[key] = found
+            _keep(self._bodies, key, found)
         return found
 
     # -- the device engine ------------------------------------------------------------------------
@@ -217,6 +207,13 @@ class Route:
         if native is not None:
             native.free()
         self.devices.close()
+
+
+def _keep(table: dict[Hashable, Any], key: Hashable, value: Any) -> None:
+    """Put ``value`` in ``table``, which starts again once it holds ``_MAX_PLANS``."""
+    if len(table) >= _MAX_PLANS:
+        table.clear()
+    table[key] = value
 
 
 def _takes(native: Any, dt: DType | None, op: ReduceOp | None, nbytes: int) -> bool:
@@ -353,16 +350,8 @@ class BoundHost:
 
     def all_gather(self, x: Array, out: Array, dt: DType) -> None:
         call = self._part(x.shape[0])
-        self._route.cpu("all_gather", dt, x.shape[0])[1](call, x, whole(out, call.size))
+        self._route.cpu("all_gather", dt, x.shape[0])[1](call, x, Blocks.of(out, call.size))
 
     def reduce_scatter(self, out: Array, inp: Array, dt: DType, op: ReduceOp) -> None:
         call = self._part(out.shape[0])
-        self._route.cpu("reduce_scatter", dt, out.shape[0], op)[1](call, out, whole(inp, call.size))
-
-
-def whole(array: Array, size: int) -> Blocks:
-    """A flat ``array`` as ``size`` consecutive blocks."""
-    count = array.shape[0] // size
-    blocks = Blocks(array[k * count : (k + 1) * count] for k in range(size))
-    blocks.whole = array
-    return blocks
+        self._route.cpu("reduce_scatter", dt, out.shape[0], op)[1](call, out, Blocks.of(inp, call.size))
