@@ -63,22 +63,22 @@ def reference(name, dtype):
     return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
 
 
-def train(name, dtype, **options):
+def train(name, dtype, device="cpu", **options):
     group = default_group()
     rank, size = group.rank, group.size
     model = DDP(
-        make_model(dtype, 10 * rank), **options
+        make_model(dtype, 10 * rank).to(device), **options
     )  # rank 0 starts like the reference; the broadcast fixes the rest
     opt = optimizer(name, model.parameters())
     per = BATCH // size
     for x, y in batches(dtype):
         opt.zero_grad()  # set_to_none=True, torch's default: the next forward puts the views back
-        loss = torch.nn.functional.cross_entropy(
-            model(x[rank * per : (rank + 1) * per]), y[rank * per : (rank + 1) * per]
-        )
+        xs, ys = x[rank * per : (rank + 1) * per].to(device), y[rank * per : (rank + 1) * per].to(device)
+        loss = torch.nn.functional.cross_entropy(model(xs), ys)
         loss.backward()  # returns with the gradients averaged over the ranks
         opt.step()
-    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    assert all(b.buffer.device.type == torch.device(device).type for b in model.buckets)
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
 def difference(a, b):

@@ -342,18 +342,19 @@ def test_aligned_arrays_take_the_wide_kernels(cuda, monkeypatch):
 
 
 class CudaArrayInterface:
-    """A foreign CUDA array: only ``__cuda_array_interface__`` over a host buffer (the
-    simulator's "device" memory is host memory)."""
+    """A foreign CUDA array: an object with only ``__cuda_array_interface__``, over device
+    memory that it owns (under the simulator, host memory)."""
 
-    def __init__(self, host: np.ndarray) -> None:
-        self.host = host
-        self.__cuda_array_interface__ = {
-            "shape": host.shape,
-            "typestr": host.dtype.str,
-            "data": (host.ctypes.data, False),
-            "strides": None,
-            "version": 3,
-        }
+    def __init__(self, cuda, host: np.ndarray) -> None:
+        self.memory = cuda.to_device(host)
+        interface = getattr(self.memory, "__cuda_array_interface__", None)
+        if interface is None:  # the simulator's device array wraps a host array and exports nothing
+            ary = self.memory._ary
+            interface = {"shape": ary.shape, "typestr": ary.dtype.str, "data": (ary.ctypes.data, False), "version": 3}
+        self.__cuda_array_interface__ = dict(interface, strides=None)
+
+    def values(self) -> np.ndarray:
+        return self.memory.copy_to_host()
 
 
 def test_bfloat16_tensors_over_int16_bits_reduce_without_a_dtype(cuda):
@@ -380,11 +381,12 @@ def test_foreign_cuda_arrays_are_reduced_in_place_without_a_copy(cuda):
     a = np.arange(12, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.int16)
     b = np.full(12, 0x3F80, np.int16)  # bfloat16 1.0
     expected = (np.arange(12, dtype=np.float32) + 1).astype(ml_dtypes.bfloat16).view(np.int16)
-    kernels.reduce_into(CudaArrayInterface(a), CudaArrayInterface(b), "bfloat16")
-    np.testing.assert_array_equal(a, expected)  # the caller's memory, not a copy
-    f32 = np.ones(6, np.float32)
-    kernels.scale(CudaArrayInterface(f32), factor=4.0)  # float32: the dtype comes from the array
-    np.testing.assert_array_equal(f32, np.full(6, 4, np.float32))
+    dst = CudaArrayInterface(cuda, a)
+    kernels.reduce_into(dst, CudaArrayInterface(cuda, b), "bfloat16")
+    np.testing.assert_array_equal(dst.values(), expected)  # the caller's memory, not a copy
+    f32 = CudaArrayInterface(cuda, np.ones(6, np.float32))
+    kernels.scale(f32, factor=4.0)  # float32: the dtype comes from the array
+    np.testing.assert_array_equal(f32.values(), np.full(6, 4, np.float32))
 
 
 def test_tensors_that_say_another_dtype_are_refused(cuda):

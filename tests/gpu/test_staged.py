@@ -361,3 +361,42 @@ def test_errors_name_the_rank_and_what_to_do():
         return True
 
     assert run_world(2, rank_main) == [True, True]
+
+
+def test_device_view_finds_cuda_tensors_and_device_arrays_cheaply(cuda):
+    array = cuda.to_device(np.arange(6, dtype=np.float32))
+    t = fc.device_view(array)
+    assert t is not None and t.is_cuda and t.shape == (6,) and t.dtype is fc.float32
+    assert t.data_ptr() == fc.as_tensor(array).data_ptr()  # the same memory
+    assert fc.device_view(t) is t
+    assert fc.device_view(array[::2]) is None  # not contiguous: as_tensor says why
+    assert fc.device_view(np.ones(3)) is None and fc.device_view(fc.as_tensor(np.ones(3))) is None
+
+
+def test_a_device_call_seen_before_skips_the_checks(cuda, monkeypatch):
+    """A repeated all_reduce of the same kind of device array or CUDA Tensor finds its plan
+    from the argument as given: one check per rank and kind of call."""
+    from ferrodist.collectives import _checks
+
+    made = []
+    real = _checks.Checker.__init__
+
+    def counting(self, rank, operation):
+        made.append(operation)
+        real(self, rank, operation)
+
+    monkeypatch.setattr(_checks.Checker, "__init__", counting)
+
+    def rank_main():
+        r = dist.get_rank()
+        x = cuda.to_device(np.full(5, r + 1, np.float32))
+        t = dev(np.full(3, r + 1.0))
+        for _ in range(3):
+            dist.all_reduce(x)
+            dist.all_reduce(t, "max")
+        return x.copy_to_host(), host(t)
+
+    for x, t in run_world(2, rank_main):
+        np.testing.assert_array_equal(x, np.full(5, 3 * 2**2, np.float32))
+        np.testing.assert_array_equal(t, np.full(3, 2.0))
+    assert sorted(made) == ["all_reduce"] * 4

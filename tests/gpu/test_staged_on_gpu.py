@@ -54,3 +54,36 @@ def test_staged_collectives_on_device_memory(nbytes):
         np.testing.assert_array_equal(y, np.full(n, 2, np.int32))
         np.testing.assert_array_equal(out, np.repeat(np.arange(3, dtype=np.float32), n))
         np.testing.assert_array_equal(z, np.full(n, 2.0, np.float32))
+
+
+def test_torch_cuda_tensors_find_their_plan_by_address(monkeypatch):
+    """A repeated all_reduce of a PyTorch CUDA tensor (bfloat16 too) skips the checks and
+    the Numba view: one check per rank and kind of call; a strided tensor is still refused."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    from ferrodist.collectives import _checks
+
+    made = []
+    real = _checks.Checker.__init__
+
+    def counting(self, rank, operation):
+        made.append(operation)
+        real(self, rank, operation)
+
+    monkeypatch.setattr(_checks.Checker, "__init__", counting)
+
+    def rank_main():
+        r = dist.get_rank()
+        x = torch.full((1000,), float(r + 1), device="cuda")
+        h = torch.full((10,), float(r + 1), device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            dist.all_reduce(x)
+            dist.all_reduce(h)
+        with pytest.raises(fc.InvalidArgument, match="contiguous"):
+            dist.all_reduce(torch.ones(8, device="cuda")[::2])
+        return x.cpu().tolist(), h.float().cpu().tolist()
+
+    for x, h in run_world(2, rank_main):
+        assert x == [12.0] * 1000 and h == [12.0] * 10
+    assert sorted(made) == ["all_reduce"] * 6

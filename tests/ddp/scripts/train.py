@@ -1,12 +1,16 @@
 """Run under `ferrodist run -n N`: DDP training on shards in real processes, compared
 with one process on the whole batch (computed here too). Prints one JSON line per rank.
 
-usage: train.py BACKEND KIND OPTIMIZER OVERLAP    (KIND: nn | torch)
+usage: train.py BACKEND KIND OPTIMIZER OVERLAP [HOOK]
+
+KIND: nn (ferrodist.nn, float64), torch (a PyTorch CPU module, float64) or cuda (the
+PyTorch module on each rank's GPU, float32: a tolerance of 1e-4, 2e-2 with HOOK=bf16).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,8 +31,16 @@ else:
     import torch
     from test_torch_models import reference, train
 
-    tolerance = 1e-10
-    state = train(optimizer, torch.float64, **options)
-    difference = max(float(np.max(np.abs(state[k] - v))) for k, v in reference(optimizer, torch.float64).items())
+    dt, device, tolerance = torch.float64, "cpu", 1e-10
+    if kind == "cuda":
+        from ferrodist.ddp import bf16_compress
+
+        local = int(os.environ.get("LOCAL_RANK", group.rank))
+        dt, device = torch.float32, f"cuda:{local % torch.cuda.device_count()}"
+        hook = sys.argv[5] if len(sys.argv) > 5 else "none"
+        options = {"comm_hook": bf16_compress if hook == "bf16" else None, "bucket_cap_mb": 0.005}
+        tolerance = 2e-2 if hook == "bf16" else 1e-4
+    state = train(optimizer, dt, device, **options)
+    difference = max(float(np.max(np.abs(state[k] - v))) for k, v in reference(optimizer, dt).items())
 print(json.dumps({"rank": group.rank, "size": group.size, "difference": difference, "ok": difference <= tolerance}))
 dist.destroy_process_group()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import weakref
 import zlib
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ferrodist.core import (
@@ -31,6 +31,7 @@ from ferrodist.core import (
     InvalidRank,
     ReduceOp,
     Tensor,
+    device_view,
     host_view,
 )
 from ferrodist.transport import Transport
@@ -261,9 +262,16 @@ class ProcessGroup:
             group.all_reduce(x, ReduceOp.MAX)            # rank 0: [2, 20]  rank 1: [2, 20]
         """
         x = host_view(tensor)
-        signature = None if x is None else ("all_reduce", x.dtype, x.size, op, algorithm, compress)
-        if x is not None and x.flags.writeable and (plan := self._route.known(signature)) is not None:
-            return self._runner.run(plan, (x if x.ndim == 1 else x.reshape(-1),), async_op, timeout)
+        if x is not None:
+            signature: Hashable = ("all_reduce", x.dtype, x.size, op, algorithm, compress)
+            if x.flags.writeable and (plan := self._route.known(signature)) is not None:
+                return self._runner.run(plan, (x if x.ndim == 1 else x.reshape(-1),), async_op, timeout)
+        elif (d := device_view(tensor)) is not None:
+            signature = ("all_reduce", "cuda", d.device.index, d.dtype, d.numel, op, algorithm, compress)
+            if (plan := self._route.known(signature)) is not None:
+                return self._runner.run(plan, (d,), async_op, timeout, d.shape)
+        else:
+            signature = None
         check = self._checker("all_reduce")
         t = check.tensor(tensor, writeable=True)
         reduce_op = check.op(op, t)

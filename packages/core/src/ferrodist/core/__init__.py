@@ -50,7 +50,7 @@ from ._errors import (
 from ._group import Group, Work
 from ._ops import ReduceOp
 from ._reduce import reduce_into, reduce_many, reducer
-from ._tensor import Tensor, as_tensor, host_view, is_torch_module
+from ._tensor import Tensor, as_tensor, device_view, host_view, is_torch_module
 
 __all__ = [
     "ALL_DTYPES",
@@ -91,6 +91,7 @@ __all__ = [
     "float16",
     "float32",
     "float64",
+    "device_view",
     "host_view",
     "int16",
     "int32",

@@ -15,7 +15,7 @@ from ._device import CPU, Device, device
 from ._dtypes import DType, bfloat16, dtype
 from ._errors import InvalidArgument
 
-__all__ = ["Tensor", "as_tensor", "host_view", "is_torch_module"]
+__all__ = ["Tensor", "as_tensor", "device_view", "host_view", "is_torch_module"]
 
 
 class Tensor:
@@ -37,7 +37,7 @@ class Tensor:
         ((4,), 'float32', 'cpu')
     """
 
-    __slots__ = ("_array", "_device", "_dtype", "_source")
+    __slots__ = ("_array", "_device", "_dtype", "_pointer", "_shape", "_source")
 
     def __init__(self, array: np.ndarray[Any, Any], *, source: object = None) -> None:
         if not isinstance(array, np.ndarray):
@@ -45,7 +45,9 @@ class Tensor:
         self._dtype: DType = dtype(array.dtype)
         if not array.flags.c_contiguous:
             raise InvalidArgument(_non_contiguous_message(array.shape, array.strides))
-        self._array: Any = array  # a numpy array, or a Numba device array on CUDA
+        self._array: Any = array  # a numpy array, or a Numba device array on CUDA (None until needed: _lazy)
+        self._shape: tuple[int, ...] = array.shape
+        self._pointer: int | None = None  # a CUDA tensor's address when known without its array
         self._device: Device = CPU
         self._source = source  # keeps a DLPack producer alive as long as this view
 
@@ -60,23 +62,45 @@ class Tensor:
         dt = _dtype_of_device(array.dtype, dtype)
         tensor = cls.__new__(cls)
         tensor._array = array
+        tensor._shape = tuple(array.shape)
+        tensor._pointer = None
         tensor._dtype = dt
         tensor._device = Device("cuda", _cuda.device_of(array))
         tensor._source = source
         return tensor
 
+    @classmethod
+    def _lazy(cls, source: Any, dt: DType, index: int, shape: tuple[int, ...], pointer: int) -> Tensor:
+        """A CUDA tensor over a contiguous PyTorch CUDA tensor whose Numba device array is
+        made only when something asks for it (the staged route needs the address only)."""
+        tensor = cls.__new__(cls)
+        tensor._array = None
+        tensor._shape = shape
+        tensor._pointer = pointer
+        tensor._dtype = dt
+        tensor._device = _cuda_device(index)
+        tensor._source = source
+        return tensor
+
+    def _storage(self) -> Any:
+        """The numpy or Numba array (made now for a lazy CUDA tensor)."""
+        array = self._array
+        if array is None:
+            array = self._array = _from_torch(self._source)._array
+        return array
+
     # -- description -------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self._array.shape)
+        return self._shape
 
     @property
     def ndim(self) -> int:
-        return int(self._array.ndim)
+        return len(self._shape)
 
     @property
     def numel(self) -> int:
-        return math.prod(self._array.shape)  # np.prod costs ~10 us a call: on every collective's path
+        return math.prod(self._shape)  # np.prod costs ~10 us a call: on every collective's path
 
     @property
     def dtype(self) -> DType:
@@ -120,21 +144,23 @@ class Tensor:
         A bfloat16 tensor's device array is uint16."""
         if not self.is_cuda:
             raise InvalidArgument("Tensor.device_array(): this tensor is on the CPU; use .numpy() or .to('cuda')")
-        return self._array
+        return self._storage()
 
     def flat(self) -> Any:
         """A one-dimensional view of the elements (no copy): a numpy array on the CPU, a
         Numba device array on CUDA (uint16 for bfloat16)."""
-        return self._array.reshape(-1)
+        return self._storage().reshape(-1)
 
     def bytes_view(self) -> Any:
         """A one-dimensional uint8 view of the bytes (no copy)."""
-        return self._array.reshape(-1).view(np.uint8)
+        return self._storage().reshape(-1).view(np.uint8)
 
     def data_ptr(self) -> int:
         """The address of the first byte: a host address on the CPU, a device pointer on CUDA."""
         if self.is_cuda:
-            return _cuda.device_pointer(self._array)
+            if self._pointer is None:
+                self._pointer = _cuda.device_pointer(self._array)
+            return self._pointer
         return int(self._array.ctypes.data)
 
     def to(self, target: str | Device) -> Tensor:
@@ -151,7 +177,7 @@ class Tensor:
                 return self
             _cuda.cuda(f"Tensor.to({str(dev)!r})")
             with _cuda.on_device(self._device.index):
-                host = self._array.copy_to_host()
+                host = self._storage().copy_to_host()
             return Tensor(host.view(self._dtype.numpy))
         if self.is_cuda and dev.index in (None, self._device.index):
             return self
@@ -162,7 +188,7 @@ class Tensor:
             return self._to_current_device(module)
 
     def _to_current_device(self, module: Any) -> Tensor:
-        host = self.numpy() if not self.is_cuda else self._array.copy_to_host()
+        host = self.numpy() if not self.is_cuda else self._storage().copy_to_host()
         storage = host.view(np.uint16) if self._dtype is bfloat16 else host
         return Tensor.from_device_array(module.to_device(np.ascontiguousarray(storage)), dtype=self._dtype)
 
@@ -170,7 +196,7 @@ class Tensor:
     def __cuda_array_interface__(self) -> dict[str, Any]:
         if not self.is_cuda or _cuda.simulated():
             raise AttributeError("only CUDA tensors on a real device export __cuda_array_interface__")
-        return dict(self._array.__cuda_array_interface__)
+        return dict(self._storage().__cuda_array_interface__)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         if self.is_cuda:
@@ -285,6 +311,54 @@ def host_view(obj: object) -> np.ndarray[Any, Any] | None:
         except InvalidArgument:
             return None
     return array if array.flags.c_contiguous else None
+
+
+def device_view(obj: object) -> Tensor | None:
+    """``obj`` as a CUDA :class:`Tensor`, found cheaply, when it is a CUDA ``Tensor``, a
+    C-contiguous Numba device array, or a contiguous PyTorch CUDA tensor of a dtype
+    ferrodist moves (viewed by its address: its Numba array is made only if something needs
+    it). None for anything else, which :func:`as_tensor` then views or explains.
+    """
+    kind = type(obj)
+    if kind is Tensor:
+        return obj if obj.is_cuda else None  # type: ignore[attr-defined, return-value]
+    module = kind.__module__.partition(".")[0]
+    if module == "torch":
+        if not getattr(obj, "is_cuda", False) or not obj.is_contiguous():  # type: ignore[attr-defined]
+            return None
+        dt = _torch_dtype(obj.dtype)  # type: ignore[attr-defined]
+        if dt is None:
+            return None
+        shape = tuple(obj.shape)  # type: ignore[attr-defined]
+        return Tensor._lazy(obj, dt, obj.device.index, shape, obj.data_ptr())  # type: ignore[attr-defined]
+    if module in ("numba", "numba_cuda") and _cuda.is_device_array(obj) and obj.is_c_contiguous():  # type: ignore[attr-defined]
+        try:
+            return Tensor.from_device_array(obj)
+        except InvalidArgument:
+            return None
+    return None
+
+
+_TORCH_DTYPES: dict[Any, DType | None] = {}  # torch dtype -> ferrodist's (None: not moved)
+_CUDA_DEVICES: dict[int, Device] = {}
+
+
+def _torch_dtype(torch_dtype: Any) -> DType | None:
+    found = _TORCH_DTYPES.get(torch_dtype, _TORCH_DTYPES)
+    if found is _TORCH_DTYPES:
+        try:
+            found = dtype(str(torch_dtype).removeprefix("torch."))
+        except InvalidArgument:
+            found = None
+        _TORCH_DTYPES[torch_dtype] = found
+    return found  # type: ignore[return-value]
+
+
+def _cuda_device(index: int) -> Device:
+    found = _CUDA_DEVICES.get(index)
+    if found is None:
+        found = _CUDA_DEVICES[index] = Device("cuda", index)
+    return found
 
 
 def _from_dlpack(obj: Any) -> Tensor:

@@ -201,16 +201,16 @@ class StagedEngine:
             copies.wait_up((count - 1) % SLOTS, deadline, rank)  # one stream: the last covers all
 
     def _elementwise(
-        self, call: EngineCall, x: Any, dt: DType, work: Callable[[Any], None], down: bool, up: bool
+        self, call: EngineCall, base: int, n: int, dt: DType, work: Callable[[Any], None], down: bool, up: bool
     ) -> None:
-        """Stage ``x`` part by part for a collective that works element by element
-        (all_reduce, broadcast, reduce): ``work(host part)`` runs the CPU collective."""
-        itemsize = x.dtype.itemsize
-        windows = parts(x.shape[0], max(1, self.segment_bytes // itemsize))
+        """Stage the ``n`` elements at device address ``base`` part by part for a collective
+        that works element by element (all_reduce, broadcast, reduce): ``work(host part)``
+        runs the CPU collective."""
+        itemsize = dt.itemsize
+        windows = parts(n, max(1, self.segment_bytes // itemsize))
         width = windows[0][1] - windows[0][0]
         views = [self._host(s, width, dt.numpy) for s in range(min(SLOTS, len(windows)))]
         addresses = [v.ctypes.data for v in views]
-        base = device_pointer(x) if x.shape[0] else 0
         copies = self._copies()
 
         def to_host(k: int, slot: int) -> None:
@@ -235,28 +235,39 @@ class StagedEngine:
         copy made on the device (half the staged bytes)."""
         if call.size == 1:
             return  # AVG over one rank is the tensor itself
-        dt, flat = x.dtype, x.flat()
+        dt, n = x.dtype, x.numel
         with self._on(x):
             if wire is dt:
-                self._elementwise(call, flat, dt, lambda part: host.all_reduce(part, dt, op), True, True)
+                self._elementwise(call, _address(x), n, dt, lambda part: host.all_reduce(part, dt, op), True, True)
                 return
             if dt is not float32 or wire is not bfloat16:  # ProcessGroup checked this already
                 raise InvalidArgument(f"all_reduce: cannot compress {dt.name} to {wire.name}")
-            bits = self._scratch(1, flat.shape[0], np.dtype(np.uint16))
+            flat = x.flat()
+            bits = self._scratch(1, n, np.dtype(np.uint16))
             _cuda_kernels.cast(bits, bfloat16, flat, float32)
-            self._elementwise(call, bits, bfloat16, lambda part: host.all_reduce(part, bfloat16, op), True, True)
+            self._elementwise(
+                call,
+                device_pointer(bits) if n else 0,
+                n,
+                bfloat16,
+                lambda part: host.all_reduce(part, bfloat16, op),
+                True,
+                True,
+            )
             _cuda_kernels.cast(flat, float32, bits, bfloat16)
 
     def broadcast(self, call: EngineCall, host: HostRoute, x: Tensor, root: int) -> None:
         mine, dt = call.rank == root, x.dtype
         with self._on(x):
-            self._elementwise(call, x.flat(), dt, lambda part: host.broadcast(part, root, dt), mine, not mine)
+            self._elementwise(
+                call, _address(x), x.numel, dt, lambda part: host.broadcast(part, root, dt), mine, not mine
+            )
 
     def reduce(self, call: EngineCall, host: HostRoute, x: Tensor, root: int, op: ReduceOp) -> None:
         """Reduce into the root's ``x``; other ranks' ``x`` is left as it was."""
         mine, dt = call.rank == root, x.dtype
         with self._on(x):
-            self._elementwise(call, x.flat(), dt, lambda part: host.reduce(part, root, dt, op), True, mine)
+            self._elementwise(call, _address(x), x.numel, dt, lambda part: host.reduce(part, root, dt, op), True, mine)
 
     # -- all_gather and reduce_scatter -----------------------------------------------------
     def _blocked(
@@ -404,6 +415,11 @@ class StagedEngine:
         flat = x.flat()
         host = np.empty(flat.shape[0], flat.dtype)
         return _Staged(transport.irecv(host, peer, tag), host, x, self)
+
+
+def _address(x: Tensor) -> int:
+    """``x``'s device address (0 for an empty tensor, whose array may have none)."""
+    return x.data_ptr() if x.numel else 0
 
 
 class _Staged:
