@@ -43,6 +43,8 @@ def test_plan_invariants(params, cap_kb, first_kb):
         # a bucket is closed as soon as it reaches its cap: without its last parameter it was below it
         cap = plan.first_cap_bytes if index == 0 else plan.cap_bytes
         assert b.nbytes - params[b.params[-1]].nbytes < max(cap, plan.cap_bytes)
+        if len(b.params) > 1:  # a parameter as large as the cap has a bucket of its own
+            assert all(params[p].nbytes < plan.cap_bytes for p in b.params), b
     # buckets start in the order backward finishes their first gradient
     firsts = [b.params[0] for b in plan.buckets]
     assert firsts == sorted(firsts, reverse=True)
@@ -55,6 +57,14 @@ def test_a_small_first_bucket_then_the_cap():
     print(plan.describe())
     assert [b.names for b in plan.buckets] == [("w7",), ("w6", "w5", "w4", "w3"), ("w2", "w1", "w0")]
     assert "bucket 0: float32 on cpu, 65536 elements (0.25 MiB): w7" in plan.describe()
+
+
+def test_a_parameter_larger_than_the_cap_does_not_share_its_bucket():
+    """PyTorch's large weights get buckets of their own, so DDP averages their gradients
+    where autograd left them (no copy into a shared buffer)."""
+    params = [ParamSpec("w", (1024, 1024), "float32", 4), ParamSpec("b", (1024,), "float32", 4)]
+    plan = plan_buckets(params, cap_mb=1.0, first_cap_mb=1.0)
+    assert [b.names for b in plan.buckets] == [("b",), ("w",)]
 
 
 def test_dtypes_get_buckets_of_their_own():

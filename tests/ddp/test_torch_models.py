@@ -130,6 +130,35 @@ def test_torch_gradients_are_bucket_views_and_buckets_start_during_backward():
         assert views and len(started) > 1 and started[0] < total
 
 
+def test_a_bucket_of_one_parameter_averages_the_fresh_gradient_where_it_is():
+    """PyTorch hands each step's gradient over in a fresh tensor: a bucket of one parameter
+    averages that tensor in place (it is then both the gradient and the bucket's buffer);
+    only gradients of buckets of several parameters are copied into their bucket. Counted:
+    the elements copied per step, against a model where the 32 x 32 weight is alone."""
+
+    def body():
+        model = DDP(make_model(torch.float32, 0), bucket_cap_mb=0.002, first_bucket_cap_mb=0.0005)
+        reducer = model._reducer
+        copied = []
+        real = reducer.model.copy
+        reducer.model.copy = lambda dst, src: (copied.append(dst.numel()), real(dst, src))[1]
+        opt = optimizer("sgd", model.parameters())
+        for x, y in batches(torch.float32):
+            opt.zero_grad()
+            copied.clear()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        alone = [b.params[0] for b in reducer.plan.buckets if len(b.params) == 1]
+        params = list(model.module.parameters())
+        shared = sum(params[i].numel() for b in reducer.plan.buckets if len(b.params) > 1 for i in b.params)
+        in_place = all(reducer.buckets[reducer.bucket_of[i]].buffer.data_ptr() == params[i].grad.data_ptr() for i in alone)
+        return sum(copied), shared, [params[i].numel() for i in alone], in_place
+
+    for copied, shared, alone, in_place in run_world(2, body):
+        assert HIDDEN * HIDDEN in alone and in_place, alone  # the 32 x 32 weight has a bucket of its own
+        assert copied == shared  # the last step copied the shared buckets' gradients only
+
+
 def test_torch_compression_and_checkpoint(tmp_path):
     ref = reference("sgd", torch.float32)
 

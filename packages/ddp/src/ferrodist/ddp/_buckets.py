@@ -107,6 +107,11 @@ def plan_buckets(
     for i in reversed(range(len(params))):
         key = (params[i].dtype, params[i].device)
         members = open_.setdefault(key, [])
+        if members and params[i].nbytes >= (first_cap if not closed else cap):
+            # Alone: no copy of its gradient into a shared buffer (DDP averages a PyTorch
+            # gradient of a bucket of its own where autograd left it).
+            closed.append(members)
+            members = open_[key] = []
         members.append(i)
         limit = first_cap if not closed else cap
         if used(members) >= limit:

@@ -84,8 +84,11 @@ def allreduce(bucket: GradBucket) -> Work:
 
 
 def _compress(bucket: GradBucket, dtype: str) -> Work:
+    # Scaled in place (the average overwrites the buffer anyway), then rounded once into the
+    # 16-bit buffer kept for the bucket: no allocation per step, one pass each way.
     wire = bucket.scratch(f"compress.{dtype}", len(bucket.buffer), dtype)
-    bucket.ops.cast_scaled(wire, bucket.buffer, 1.0 / bucket.size)
+    bucket.ops.scale_(bucket.buffer, 1.0 / bucket.size)
+    bucket.ops.copy(wire, bucket.buffer)
     work = bucket.group.all_reduce(wire, ReduceOp.SUM, async_op=True)
     return _Then(work, lambda: bucket.ops.copy(bucket.buffer, wire))
 

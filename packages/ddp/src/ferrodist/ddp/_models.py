@@ -71,6 +71,12 @@ class Model(abc.ABC):
     def is_view(self, grad: Any, view: Any) -> bool:
         """Whether ``grad`` is ``view`` (the bucket's view of that parameter's gradient)."""
 
+    def adoptable(self, grad: Any, view: Any) -> Any:
+        """``grad`` flattened, when a bucket of this one parameter may average ``grad`` where
+        it is instead of a copy in the bucket (a fresh gradient that nothing else holds,
+        laid out like ``view``); else None. The kit's gradients are always copied."""
+        return None
+
     @abc.abstractmethod
     def copy(self, dst: Any, src: Any) -> None:
         """``dst[:] = src``."""
@@ -100,10 +106,6 @@ class Model(abc.ABC):
     @abc.abstractmethod
     def empty(self, like: Any, numel: int, dtype: str) -> Any:
         """A new flat array of ``numel`` elements of ``dtype``, where ``like`` lives."""
-
-    @abc.abstractmethod
-    def cast_scaled(self, dst: Any, src: Any, factor: float) -> None:
-        """``dst[:] = src * factor``, cast to dst's dtype."""
 
     @abc.abstractmethod
     def matmul(self, out: Any, a: Any, b: Any) -> None:
@@ -195,12 +197,6 @@ class KitModel(Model):
     def empty(self, like: Any, numel: int, dtype: str) -> np.ndarray:
         return np.empty(numel, dtype=_dtype(dtype).numpy)
 
-    def cast_scaled(self, dst: Any, src: Any, factor: float) -> None:
-        if factor == 1.0:
-            np.copyto(dst, src, casting="unsafe")
-        else:
-            np.multiply(src, np.float32(factor) if src.dtype != np.float64 else factor, out=dst, casting="unsafe")
-
     def matmul(self, out: Any, a: Any, b: Any) -> None:
         np.matmul(a, b, out=out)
 
@@ -272,6 +268,20 @@ class TorchModel(Model):
     def is_view(self, grad: Any, view: Any) -> bool:
         return grad is view or (grad.data_ptr() == view.data_ptr() and grad.shape == view.shape)
 
+    def adoptable(self, grad: Any, view: Any) -> Any:
+        # autograd's accumulation hands over a gradient it made (or stole: then no one else
+        # held it), so averaging it in place touches nothing but this parameter's gradient.
+        if (
+            grad.layout != self.torch.strided
+            or grad.dtype != view.dtype
+            or grad.device != view.device
+            or grad.shape != view.shape
+            or not grad.is_contiguous()
+            or grad.requires_grad
+        ):
+            return None
+        return grad.view(-1)
+
     def copy(self, dst: Any, src: Any) -> None:
         dst.copy_(src)
 
@@ -293,15 +303,6 @@ class TorchModel(Model):
 
     def empty(self, like: Any, numel: int, dtype: str) -> Any:
         return self.torch.empty(numel, dtype=getattr(self.torch, dtype), device=like.device)
-
-    def cast_scaled(self, dst: Any, src: Any, factor: float) -> None:
-        if dst.dtype == src.dtype or factor == 1.0:
-            dst.copy_(src)
-            if factor != 1.0:
-                dst.mul_(factor)
-        else:
-            # torch refuses out= of a narrower dtype: scale in src's precision, then cast once.
-            dst.copy_(src * factor)
 
     def matmul(self, out: Any, a: Any, b: Any) -> None:
         self.torch.matmul(a, b, out=out)

@@ -39,14 +39,15 @@ class Reducer:
         self.find_unused = find_unused
         n = len(model.params)
         self.flats = [model.flat(b.dtype, b.device, b.numel) for b in plan.buckets]
-        self.views: list[Any] = [None] * n
+        self.views: list[Any] = [None] * n  # each gradient's place: its bucket view, or its own adopted array
+        self.homes: list[Any] = [None] * n  # each gradient's view into its bucket's flat buffer
         self.bucket_of = [0] * n
         self.buckets: list[GradBucket] = []
         for b in plan.buckets:
             views = []
             for p, off, numel, shape in zip(b.params, b.offsets, b.numels, b.shapes, strict=True):
                 view = model.view(self.flats[b.index], off, numel, shape)
-                self.views[p] = view
+                self.views[p] = self.homes[p] = view
                 self.bucket_of[p] = b.index
                 views.append(view)
             self.buckets.append(
@@ -99,22 +100,36 @@ class Reducer:
         steal = model.fresh_gradients
         for i, view in enumerate(self.views):
             grad = model.grad(i)
+            if grad is not None and model.is_view(grad, view):
+                continue  # the gradient is where its bucket expects it (adopted ones too)
+            if view is not self.homes[i]:
+                self._home(i)  # the adopted array is the user's now: back to the bucket's view
             if grad is None:
                 if not steal:
-                    model.zero_(view)
-                    model.set_grad(i, view)
-            elif not model.is_view(grad, view):
-                model.copy(view, grad)
-                model.set_grad(i, view)
+                    model.zero_(self.homes[i])
+                    model.set_grad(i, self.homes[i])
+            else:
+                model.copy(self.homes[i], grad)
+                model.set_grad(i, self.homes[i])
 
     def _ready(self, i: int) -> None:
         model = self.model
         grad = model.grad(i)
         if grad is not None and not model.is_view(grad, self.views[i]):
             # The gradient arrived in an array of its own (the step was not prepared, or the
-            # optimizer set it to None): one copy into the bucket, and the view from now on.
-            model.copy(self.views[i], grad)
-            model.set_grad(i, self.views[i])
+            # optimizer set it to None). A bucket of this one parameter averages it where it
+            # is (no copy: PyTorch's large weights); else one copy into the bucket, and the
+            # bucket's view from now on.
+            b = self.bucket_of[i]
+            flat = model.adoptable(grad, self.homes[i]) if len(self.plan.buckets[b].params) == 1 else None
+            if flat is not None:
+                self.views[i] = grad
+                self.buckets[b].buffer, self.buckets[b].views = flat, (grad,)
+            else:
+                if self.views[i] is not self.homes[i]:
+                    self._home(i)
+                model.copy(self.homes[i], grad)
+                model.set_grad(i, self.homes[i])
         self.used[i] = 1
         if model.autograd and not self.queued:
             self.queued = True
@@ -135,6 +150,13 @@ class Reducer:
             self.ready_at[b] = time.perf_counter() - self.started
             if self.overlap:
                 self._launch_ready()
+
+    def _home(self, i: int) -> None:
+        """Parameter i's gradient lives in its bucket's flat buffer again (only the gradient
+        of a bucket of one parameter is ever adopted)."""
+        b = self.bucket_of[i]
+        self.views[i] = self.homes[i]
+        self.buckets[b].buffer, self.buckets[b].views = self.flats[b], (self.homes[i],)
 
     def _launch_ready(self) -> None:
         while self.next < len(self.buckets) and self.pending[self.next] == 0:
@@ -189,8 +211,8 @@ class Reducer:
             tracing.span(self.group, "backward", "ddp", "DDP step", self.step_start, waited_at)
             tracing.span(self.group, "wait for buckets", "ddp", "DDP step", waited_at)
         if self.scale != 1.0:
-            for flat in self.flats:
-                self.ops.scale_(flat, self.scale)
+            for bucket in self.buckets:
+                self.ops.scale_(bucket.buffer, self.scale)
         missing = [i for i, m in enumerate(self.marked) if not m]
         self.used[:] = 0
         if self.find_unused:
@@ -238,6 +260,9 @@ class Reducer:
     # -- a rank that ran out of inputs inside join() -------------------------------------
     def shadow(self) -> None:
         """Take part in one synchronised step with zero gradients (the others' step)."""
+        for i, view in enumerate(self.views):
+            if view is not self.homes[i]:
+                self._home(i)
         for b in self.buckets:
             b.shadow = True
         try:

@@ -10,7 +10,8 @@ behind whenever a rank is killed), made by rank 0 and mapped by every rank. Layo
     data      world x slots x chunk bytes: rank r's slot s at r*slots + s
 
 Ranks advance monotonic counters ("I have copied chunk g in", "I have reduced it", ...)
-and wait for each other's: spinning for a few microseconds, then sleeping on a futex, so
+and wait for each other's: spinning for up to about 100 us while the machine has a core
+for every runnable thread (briefly when it does not), then sleeping on a futex, so
 waiting costs no CPU. A waiter wakes at least every few milliseconds to check its
 deadline and whether a peer's connection broke.
 """
@@ -29,7 +30,7 @@ import numpy as np
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError, PeerLost
 
 from . import _futex
-from ._spin import first_different, publish, spin_until
+from ._spin import SpinPolicy, first_different, publish, spin_until
 
 __all__ = ["Arena"]
 
@@ -52,10 +53,9 @@ class Arena:
         control = world * COUNTERS * LINE
         self._words = np.frombuffer(mapping, np.uint64, count=control // 8)
         self._lines = self._words.reshape(world, COUNTERS, LINE // 8)  # [rank, counter, word]
-        # Spin long when every rank has a core (about 100 us: a peer that is copying a chunk
-        # is not worth a futex sleep and wake-up, which cost as much here); briefly when
-        # ranks share cores (oversubscribed). FERRODIST_SHM_SPINS overrides.
-        self._spins = int(os.environ.get("FERRODIST_SHM_SPINS", 0)) or (40000 if world <= (os.cpu_count() or 1) else 64)
+        # Spin long while every runnable thread has a core, briefly when threads queue for
+        # cores (measured: SpinPolicy). FERRODIST_SHM_SPINS fixes the count.
+        self._policy = SpinPolicy(world, int(os.environ.get("FERRODIST_SHM_SPINS", 0)))
         self._yields = int(os.environ.get("FERRODIST_SHM_YIELDS", 0 if world <= (os.cpu_count() or 1) else 100))
         self._data = np.frombuffer(mapping, np.uint8, offset=control, count=world * slots * chunk)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
@@ -99,8 +99,8 @@ class Arena:
 
     @property
     def spins(self) -> int:
-        """How long a wait spins before it sleeps."""
-        return self._spins
+        """How long a wait that starts now spins before it sleeps (see ``SpinPolicy``)."""
+        return self._policy.spins()
 
     def slot(self, rank: int, index: int, dtype: np.dtype[Any], count: int) -> np.ndarray[Any, Any]:
         start = (rank * self.slots + index) * self.chunk
@@ -174,7 +174,7 @@ class Arena:
         column = self._lines[:, which, 0]
         yielded = 0
         while True:
-            laggard = spin_until(self._words, stride, offset, first, stop, target, self._spins)
+            laggard = spin_until(self._words, stride, offset, first, stop, target, self._policy.spins())
             if laggard < 0:
                 return
             left = deadline - time.monotonic()

@@ -213,6 +213,7 @@ class ShmCollectives:
         state[_chunks.OP], state[_chunks.ROOT] = op, root
         state[_chunks.CALL_ID] = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # the 64 bits
         state[_chunks.NUMBER] = seq + 1
+        state[_chunks.SPINS] = self._a.spins  # long while the machine has idle cores, else short
         return state
 
     def _drive(
@@ -250,6 +251,7 @@ class ShmCollectives:
                 ranks = range(int(state[_chunks.FIRST]), int(state[_chunks.STOP]))
                 if status == _chunks.WAIT:
                     a.wait(which, int(state[_chunks.TARGET]), deadline, self._health, ranks)
+                    state[_chunks.SPINS] = a.spins
                 elif status == _chunks.WAKE:
                     a.wake(which)
                 else:

@@ -8,11 +8,25 @@ any collective's deadline starts.
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 
 from ferrodist.core.kernels import Ticket, background, jit, load_acquire, prepare, store_release
 
-__all__ = ["first_different", "prepare_waits", "publish", "spin_until"]
+__all__ = ["SpinPolicy", "first_different", "prepare_waits", "publish", "runnable_threads", "spin_until"]
+
+#: Spins of a wait while every runnable thread of the machine has a core: about 100 us, as
+#: a peer that is copying a chunk is not worth a futex sleep and wake-up, which cost as
+#: much here.
+LONG_SPINS = 40000
+#: Spins of a wait while threads queue for cores (ranks share cores, or another thread of
+#: this process, a DDP backward for one, is computing): sleep almost at once, so the
+#: waiting thread gives its core to a thread that has work.
+SHORT_SPINS = 64
+#: How often the machine's runnable threads are counted again (seconds).
+RECOUNT = 0.002
 
 
 @jit
@@ -56,6 +70,50 @@ def first_different(words, stride, offset, first, stop, value):  # type: ignore[
         if word != np.uint64(0) and word != expected:
             return r
     return -1
+
+
+_LOADAVG: list[int] = []  # an open descriptor of /proc/loadavg (read again with pread)
+
+
+def runnable_threads() -> int | None:
+    """Threads runnable on this machine now, the caller included (Linux: the fourth field
+    of ``/proc/loadavg``); None where it cannot be read."""
+    try:
+        if not _LOADAVG:
+            _LOADAVG.append(os.open("/proc/loadavg", os.O_RDONLY))
+        fields = os.pread(_LOADAVG[0], 128, 0).split()
+        return int(fields[3].split(b"/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class SpinPolicy:
+    """How many rounds a shared-memory wait spins before it sleeps on a futex.
+
+    Measured, not guessed: every ``RECOUNT`` seconds at most, :func:`runnable_threads` is
+    compared with the machine's cores. While every runnable thread has a core, waits spin
+    ``LONG_SPINS`` rounds (a sleep and a wake-up cost more than a short wait); when threads
+    queue for cores, ``SHORT_SPINS``, so that a waiting rank does not take the core that
+    another thread (a DDP backward, a rank sharing the core) needs. ``fixed`` (from
+    ``FERRODIST_SHM_SPINS``) turns the measurement off.
+    """
+
+    def __init__(self, world: int, fixed: int = 0, cores: int | None = None) -> None:
+        self.cores = cores or os.cpu_count() or 1
+        self.fixed = fixed or (SHORT_SPINS if world > self.cores else 0)  # ranks alone oversubscribe
+        self._spins = self.fixed or LONG_SPINS
+        self._next = 0.0
+
+    def spins(self) -> int:
+        """The spin budget for a wait that starts now."""
+        if self.fixed:
+            return self.fixed
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + RECOUNT
+            running = runnable_threads()
+            self._spins = LONG_SPINS if running is None or running <= self.cores else SHORT_SPINS
+        return self._spins
 
 
 def prepare_waits() -> Ticket:

@@ -1,0 +1,46 @@
+"""How long a shared-memory wait spins: long while the machine has a core for every
+runnable thread, short when threads queue for cores (measured from /proc/loadavg)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from ferrodist.transport import _spin
+from ferrodist.transport._spin import LONG_SPINS, SHORT_SPINS, SpinPolicy, runnable_threads
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/loadavg is Linux's")
+def test_runnable_threads_counts_at_least_the_caller():
+    count = runnable_threads()
+    assert count is not None and count >= 1
+
+
+def test_waits_spin_long_only_while_every_runnable_thread_has_a_core(monkeypatch):
+    running = [2]
+    monkeypatch.setattr(_spin, "runnable_threads", lambda: running[0])
+    monkeypatch.setattr(_spin, "RECOUNT", 0.0)  # count again at every wait
+    policy = SpinPolicy(world=2, cores=2)
+    assert policy.spins() == LONG_SPINS
+    running[0] = 3  # a third thread (a DDP backward beside two ranks' waits) wants a core
+    assert policy.spins() == SHORT_SPINS
+    running[0] = 1
+    assert policy.spins() == LONG_SPINS
+    monkeypatch.setattr(_spin, "runnable_threads", lambda: None)  # unreadable: as before, long
+    assert policy.spins() == LONG_SPINS
+
+
+def test_the_count_is_reused_between_recounts(monkeypatch):
+    counted = []
+    monkeypatch.setattr(_spin, "runnable_threads", lambda: counted.append(1) or 5)
+    monkeypatch.setattr(_spin, "RECOUNT", 3600.0)
+    policy = SpinPolicy(world=2, cores=4)
+    assert [policy.spins() for _ in range(100)] == [SHORT_SPINS] * 100
+    assert len(counted) == 1  # a wait reads the machine's load at most once per RECOUNT
+
+
+def test_more_ranks_than_cores_or_a_fixed_count_need_no_measurement(monkeypatch):
+    monkeypatch.setattr(_spin, "runnable_threads", lambda: pytest.fail("measured"))
+    assert SpinPolicy(world=8, cores=2).spins() == SHORT_SPINS
+    assert SpinPolicy(world=2, fixed=123, cores=2).spins() == 123
