@@ -1,13 +1,16 @@
-"""The DDP step benchmark: ferrodist's DDP against PyTorch's DDP over Gloo, same model and data.
+"""The DDP step benchmark: ferrodist's DDP against PyTorch's DDP over Gloo and against the
+compute floor, same model and data, one table.
 
     python bench/ddp/run.py [--rounds 3] [--json out.json]
 
 A 25.2 M-parameter MLP (torch, float32, one thread per rank), SGD with momentum. Two batch
 sizes per rank: 8 (communication-bound: 100 MB of gradients per step against little
-compute) and 256 (compute-bound). Configurations run in rounds, interleaved, so a busy
-moment of the machine hits all of them; each reports its median step, and the table gives
-each one's median over the rounds and its ratio to PyTorch DDP over Gloo measured in the
-same run.
+compute) and 256 (compute-bound). The floors: one rank alone without DDP, and two ranks
+stepping at once without DDP (two independent processes: what two ranks cost the machine
+before any communication, its memory bandwidth shared). Configurations run in rounds,
+interleaved, so a busy moment of the machine hits all of them; each reports its median step
+(after 3 warm-up steps), and the table gives each one's median over the rounds, its ratio
+to PyTorch DDP over Gloo and its ratio to the one-rank floor, all measured in the same run.
 """
 
 from __future__ import annotations
@@ -23,13 +26,18 @@ from pathlib import Path
 
 STEP = Path(__file__).with_name("ddp_step.py")
 
+ONE_RANK = "floor: 1 rank, no DDP"
+GLOO = "torch DDP, Gloo"
 CONFIGS = [
-    ("1 rank, no DDP", "single", 1, {}),
-    ("torch DDP, Gloo", "torch-gloo", 2, {}),
+    (ONE_RANK, "single", 1, {}),
+    ("floor: 2 ranks at once, no DDP", "single", 2, {}),
+    (GLOO, "torch-gloo", 2, {}),
     ("ferrodist DDP, shm", "ferrodist-shm", 2, {}),
     ("ferrodist DDP, shm, overlap off", "ferrodist-shm", 2, {"overlap": False}),
     ("ferrodist DDP, shm, bf16 hook", "ferrodist-shm", 2, {"hook": "bf16"}),
+    ("ferrodist DDP, shm, fp16 hook", "ferrodist-shm", 2, {"hook": "fp16"}),
     ("ferrodist DDP, tcp", "ferrodist-tcp", 2, {}),
+    ("ferrodist DDP, tcp, bf16 hook", "ferrodist-tcp", 2, {"hook": "bf16"}),
 ]
 BATCHES = {"small batch (8 per rank)": (8, 12), "large batch (256 per rank)": (256, 5)}
 
@@ -41,17 +49,23 @@ def free_port() -> int:
 
 
 def run(engine: str, ranks: int, batch: int, steps: int, options: dict) -> float:
+    """The median step (seconds) of one configuration; ``single`` with ``ranks`` > 1 starts
+    that many independent processes at once and returns the slowest one's."""
     args = [str(STEP), engine, str(batch), str(steps), json.dumps(options)]
-    if ranks == 1:
-        cmd = [sys.executable, *args]
+    if engine == "single":
+        commands = [[sys.executable, *args]] * ranks
     else:
-        cmd = [sys.executable, "-m", "ferrodist.launch", "run", "-n", str(ranks), *args]
+        commands = [[sys.executable, "-m", "ferrodist.launch", "run", "-n", str(ranks), *args]]
     env = dict(os.environ, BENCH_TORCH_PORT=str(free_port()))
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"{engine} failed:\n{done.stdout}\n{done.stderr}")
-    line = next(line for line in done.stdout.splitlines() if '"median"' in line)
-    return float(json.loads(line[line.index("{") :])["median"])
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for c in commands]
+    medians = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise SystemExit(f"{engine} failed:\n{out}\n{err}")
+        line = next(line for line in out.splitlines() if '"median"' in line)
+        medians.append(float(json.loads(line[line.index("{") :])["median"]))
+    return max(medians)
 
 
 def main() -> None:
@@ -69,12 +83,13 @@ def main() -> None:
                     f"round {r + 1}: {batch_name}: {name}: {seconds * 1e3:.1f} ms per step", file=sys.stderr, flush=True
                 )
     for batch_name, rows in results.items():
-        gloo = statistics.median(rows["torch DDP, Gloo"])
+        gloo, alone = statistics.median(rows[GLOO]), statistics.median(rows[ONE_RANK])
         print(f"\n{batch_name}, median step over {args.rounds} rounds")
-        print("| configuration | step | vs torch DDP over Gloo |\n|---|---|---|")
+        print("| configuration | step | faster than torch DDP over Gloo | step / 1 rank without DDP |")
+        print("|---|---|---|---|")
         for name, values in rows.items():
             m = statistics.median(values)
-            print(f"| {name} | {m * 1e3:.1f} ms | {gloo / m:.2f}x |")
+            print(f"| {name} | {m * 1e3:.1f} ms | {gloo / m:.2f}x | {m / alone:.2f} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

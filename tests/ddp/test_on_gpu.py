@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_processes import run  # noqa: E402
+from test_processes import run
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")

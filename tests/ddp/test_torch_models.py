@@ -151,7 +151,9 @@ def test_a_bucket_of_one_parameter_averages_the_fresh_gradient_where_it_is():
         alone = [b.params[0] for b in reducer.plan.buckets if len(b.params) == 1]
         params = list(model.module.parameters())
         shared = sum(params[i].numel() for b in reducer.plan.buckets if len(b.params) > 1 for i in b.params)
-        in_place = all(reducer.buckets[reducer.bucket_of[i]].buffer.data_ptr() == params[i].grad.data_ptr() for i in alone)
+        in_place = all(
+            reducer.buckets[reducer.bucket_of[i]].buffer.data_ptr() == params[i].grad.data_ptr() for i in alone
+        )
         return sum(copied), shared, [params[i].numel() for i in alone], in_place
 
     for copied, shared, alone, in_place in run_world(2, body):

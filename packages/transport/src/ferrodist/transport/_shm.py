@@ -37,11 +37,12 @@ from ._segment import SegmentGone, create_segment, open_segment
 from ._store import KeyValue
 from ._tcp import TcpTransport
 
-__all__ = ["ShmCollectives", "ShmTransport"]
+__all__ = ["ShmCollectives", "ShmTransport", "default_chunk"]
 
 Array = np.ndarray[Any, Any]
 
-DEFAULT_CHUNK = 1 << 20  # bytes per slot
+DEFAULT_CHUNK = 1 << 20  # bytes per slot where a core's L2 cache size cannot be read
+_L2 = "/sys/devices/system/cpu/cpu0/cache/index2"
 DEFAULT_SLOTS = 2
 #: all_reduce moves at most this many bytes (size x ranks) the one-sync way, in which every
 #: rank reduces everything; above it the pipeline (each rank reduces 1/p) is faster here.
@@ -57,6 +58,22 @@ _ALL_REDUCE = background(_chunks.all_reduce)
 _BROADCAST = background(_chunks.broadcast)
 _ALL_GATHER = background(_chunks.all_gather)
 _REDUCE_SCATTER = background(_chunks.reduce_scatter)
+
+
+def default_chunk(cache: str = _L2) -> int:
+    """Bytes per slot: half a core's L2 cache, from 256 KiB to 1 MiB (so that a chunk of
+    ``x``, the slots it meets and the peers' parts stay in the core's L2 while they are
+    folded); ``DEFAULT_CHUNK`` where Linux does not say the cache's size."""
+    try:
+        with open(os.path.join(cache, "level")) as level, open(os.path.join(cache, "size")) as size:
+            if level.read().strip() != "2":
+                return DEFAULT_CHUNK
+            text = size.read().strip().upper()
+        units = {"K": 1 << 10, "M": 1 << 20}
+        l2 = int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+    except (OSError, ValueError):
+        return DEFAULT_CHUNK
+    return min(1 << 20, max(256 << 10, l2 // 2 // 64 * 64))
 
 
 class ShmCollectives:
@@ -362,8 +379,9 @@ class ShmTransport(TcpTransport):
     """``TcpTransport`` plus a shared-memory arena for whole-world collectives.
 
     All ranks must be on one host; ``connect`` raises ``BackendUnavailable`` otherwise.
-    Sizing: ``FERRODIST_SHM_CHUNK`` bytes per slot (default 1 MiB), ``FERRODIST_SHM_SLOTS``
-    slots per rank (default 2, at most 6).
+    Sizing: ``FERRODIST_SHM_CHUNK`` bytes per slot (default: half a core's L2 cache, 256 KiB
+    to 1 MiB, see ``default_chunk``), ``FERRODIST_SHM_SLOTS`` slots per rank (default 2, at
+    most 6).
     """
 
     def __init__(self, rank: int, world_size: int, *, timeout: float, max_frame_bytes: int) -> None:
@@ -390,7 +408,7 @@ class ShmTransport(TcpTransport):
         a job without a secret listens on loopback), then the shared-memory arena: rank 0
         creates it, every rank maps it. A rank that cannot (or whose slot sizes differ from
         rank 0's) makes every rank fail at once with its reason."""
-        chunk = chunk or int(os.environ.get("FERRODIST_SHM_CHUNK", DEFAULT_CHUNK))
+        chunk = chunk or int(os.environ.get("FERRODIST_SHM_CHUNK", 0)) or default_chunk()
         slots = slots or int(os.environ.get("FERRODIST_SHM_SLOTS", DEFAULT_SLOTS))
         if chunk < 64 or chunk % 64 or not 1 <= slots <= 6:
             bad = InvalidArgument(

@@ -1,5 +1,6 @@
-"""How long a shared-memory wait spins: long while the machine has a core for every
-runnable thread, short when threads queue for cores (measured from /proc/loadavg)."""
+"""The shared-memory transport's sizing from the machine: how long a wait spins (long while
+the machine has a core for every runnable thread, short when threads queue for cores,
+measured from /proc/loadavg) and how large a slot is (half a core's L2 cache)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,23 @@ def test_more_ranks_than_cores_or_a_fixed_count_need_no_measurement(monkeypatch)
     monkeypatch.setattr(_spin, "runnable_threads", lambda: pytest.fail("measured"))
     assert SpinPolicy(world=8, cores=2).spins() == SHORT_SPINS
     assert SpinPolicy(world=2, fixed=123, cores=2).spins() == 123
+
+
+def test_a_slot_is_half_a_core_l2_cache_within_bounds(tmp_path):
+    from ferrodist.transport._shm import DEFAULT_CHUNK, default_chunk
+
+    def cache(level: str, size: str) -> str:
+        folder = tmp_path / f"{level}-{size}"
+        folder.mkdir()
+        (folder / "level").write_text(level + "\n")
+        (folder / "size").write_text(size + "\n")
+        return str(folder)
+
+    assert default_chunk(cache("2", "1024K")) == 512 << 10
+    assert default_chunk(cache("2", "2048K")) == 1 << 20
+    assert default_chunk(cache("2", "1280K")) == 640 << 10
+    assert default_chunk(cache("2", "256K")) == 256 << 10  # at least 256 KiB
+    assert default_chunk(cache("2", "32M")) == 1 << 20  # at most 1 MiB
+    assert default_chunk(cache("3", "32M")) == DEFAULT_CHUNK  # not an L2: the fixed default
+    assert default_chunk(str(tmp_path / "missing")) == DEFAULT_CHUNK
+    assert default_chunk(cache("2", "lots")) == DEFAULT_CHUNK
