@@ -1,4 +1,4 @@
-"""Shared test configuration: hypothesis profiles.
+"""Shared test configuration: hypothesis profiles, and the ``checks_made`` fixture.
 
 Profiles (pick with FERRODIST_HYPOTHESIS_PROFILE, default "ci"):
 - ci:  derandomized (the same examples on every run), no deadline, the example counts
@@ -47,6 +47,23 @@ settings.register_profile(
 settings.load_profile(os.environ.get("FERRODIST_HYPOTHESIS_PROFILE", "ci"))
 
 _WARMER = pytest.StashKey[tuple]()
+
+
+@pytest.fixture
+def checks_made(monkeypatch):
+    """The operations whose arguments were checked (each check makes a collectives
+    ``Checker``), in order: a call that found its plan from the arguments as given adds none."""
+    from ferrodist.collectives import _checks
+
+    made = []
+    real = _checks.Checker.__init__
+
+    def counting(self, rank, operation):
+        made.append(operation)
+        real(self, rank, operation)
+
+    monkeypatch.setattr(_checks.Checker, "__init__", counting)
+    return made
 
 
 #: Start the cache warmer when at least this many tests were collected (not for a few).

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import ferrodist.collectives as dist
-from ferrodist.collectives import _checks
 from ferrodist.core import InvalidArgument, ReduceOp, host_view
 from ferrodist.testing import run_world
 
@@ -40,20 +39,6 @@ def test_each_kind_of_call_is_planned_once_and_printed_with_its_route(monkeypatc
             "barrier -> dissemination",
             "broadcast float64 x2 root 1 -> tree",
         ], mine
-
-
-@pytest.fixture
-def checks_made(monkeypatch):
-    """The operations whose arguments were checked (each check makes a Checker), in order."""
-    made = []
-    real = _checks.Checker.__init__
-
-    def counting(self, rank, operation):
-        made.append(operation)
-        real(self, rank, operation)
-
-    monkeypatch.setattr(_checks.Checker, "__init__", counting)
-    return made
 
 
 def test_a_call_seen_before_skips_the_checks_and_a_changed_array_does_not(checks_made):

@@ -373,19 +373,10 @@ def test_device_view_finds_cuda_tensors_and_device_arrays_cheaply(cuda):
     assert fc.device_view(np.ones(3)) is None and fc.device_view(fc.as_tensor(np.ones(3))) is None
 
 
-def test_a_device_call_seen_before_skips_the_checks(cuda, monkeypatch):
+def test_a_device_call_seen_before_skips_the_checks(cuda, checks_made):
     """A repeated all_reduce of the same kind of device array or CUDA Tensor finds its plan
     from the argument as given: one check per rank and kind of call."""
-    from ferrodist.collectives import _checks
-
-    made = []
-    real = _checks.Checker.__init__
-
-    def counting(self, rank, operation):
-        made.append(operation)
-        real(self, rank, operation)
-
-    monkeypatch.setattr(_checks.Checker, "__init__", counting)
+    made = checks_made
 
     def rank_main():
         r = dist.get_rank()

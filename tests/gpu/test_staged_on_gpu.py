@@ -56,22 +56,13 @@ def test_staged_collectives_on_device_memory(nbytes):
         np.testing.assert_array_equal(z, np.full(n, 2.0, np.float32))
 
 
-def test_torch_cuda_tensors_find_their_plan_by_address(monkeypatch):
+def test_torch_cuda_tensors_find_their_plan_by_address(checks_made):
     """A repeated all_reduce of a PyTorch CUDA tensor (bfloat16 too) skips the checks and
     the Numba view: one check per rank and kind of call; a strided tensor is still refused."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA GPU")
-    from ferrodist.collectives import _checks
-
-    made = []
-    real = _checks.Checker.__init__
-
-    def counting(self, rank, operation):
-        made.append(operation)
-        real(self, rank, operation)
-
-    monkeypatch.setattr(_checks.Checker, "__init__", counting)
+    made = checks_made
 
     def rank_main():
         r = dist.get_rank()

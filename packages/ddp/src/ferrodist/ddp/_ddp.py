@@ -40,8 +40,10 @@ class DistributedDataParallel:
             ``bf16_compress``, ``powersgd(rank=r)`` or your own ``hook(bucket) -> Work``).
         find_unused_parameters: allow parameters that get no gradient on some ranks in a
             step; the ranks agree which got none anywhere (those keep no gradient).
-        overlap: start each bucket's average as soon as its gradients are final (default);
-            ``False`` starts them all after backward, for comparison.
+        overlap: ``True`` starts each bucket's average as soon as its gradients are final;
+            ``False`` starts them all after backward; ``"auto"`` (default) times a few steps
+            each way and keeps the faster (overlapping hides the communication only where
+            a core is free for it).
         report_every: every this many synchronised steps, exchange the timings and have
             rank 0 call ``report`` with a one-line straggler summary.
         report: where the summary goes (default ``print``).
@@ -66,7 +68,7 @@ class DistributedDataParallel:
         broadcast_from: int = 0,
         comm_hook: Hook | None = None,
         find_unused_parameters: bool = False,
-        overlap: bool = True,
+        overlap: bool | str = "auto",
         report_every: int | None = None,
         report: Callable[[str], None] = print,
         history: int = 10_000,

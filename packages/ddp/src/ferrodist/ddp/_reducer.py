@@ -21,6 +21,7 @@ from ferrodist.core import Group, InvalidArgument, ReduceOp, Work, dtype
 from ._buckets import BucketPlan
 from ._hooks import GradBucket
 from ._models import Model
+from ._overlap import OverlapChoice
 
 __all__ = ["Reducer"]
 
@@ -29,13 +30,16 @@ Hook = Callable[[GradBucket], Work]
 
 class Reducer:
     def __init__(
-        self, model: Model, group: Group, plan: BucketPlan, hook: Hook, *, overlap: bool, find_unused: bool
+        self, model: Model, group: Group, plan: BucketPlan, hook: Hook, *, overlap: bool | str, find_unused: bool
     ) -> None:
         self.model = model
         self.group = group
         self.plan = plan
         self.hook = hook
-        self.overlap = overlap
+        if overlap not in (True, False, "auto"):
+            raise InvalidArgument(f"DistributedDataParallel: overlap must be True, False or 'auto', not {overlap!r}")
+        self.choice = OverlapChoice() if overlap == "auto" else None
+        self.overlap = overlap is not False
         self.find_unused = find_unused
         n = len(model.params)
         self.flats = [model.flat(b.dtype, b.device, b.numel) for b in plan.buckets]
@@ -93,6 +97,8 @@ class Reducer:
             )
         self._reset()
         self.syncing = syncing
+        if syncing and self.choice is not None:
+            self.overlap = self.choice.next()
         model = self.model
         # PyTorch's autograd hands a missing gradient its freshly computed tensor, so one copy
         # into the bucket (in _ready) is cheaper than a zeroed view plus an in-place addition
@@ -228,6 +234,8 @@ class Reducer:
                 "backward (their buckets were averaged with zeros on this rank). If that is expected, pass "
                 "find_unused_parameters=True; otherwise check that the forward uses them"
             )
+        if self.choice is not None:
+            self.choice.record(self.overlap, time.perf_counter() - self.started)
         if self.on_step is not None:
             ready = [t if t == t else backward_end for t in self.ready_at]
             self.on_step(max(ready) if ready else backward_end, ready, wait)
