@@ -4,7 +4,7 @@ group: zero-copy gradient buckets, overlap with backward, ``no_sync``, unused pa
 report and atomic checkpoints."""
 
 from ._buckets import DEFAULT_FIRST_BUCKET_MB, BucketPlan, BucketSpec, ParamSpec, plan_buckets
-from ._checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ._checkpoint import CheckpointError, load_checkpoint, resume_checkpoint, save_checkpoint
 from ._ddp import DDP, DistributedDataParallel
 from ._hooks import GradBucket, PowerSGD, allreduce, bf16_compress, fp16_compress, powersgd
 from ._stats import StepStats, StragglerReport
@@ -27,5 +27,6 @@ __all__ = [
     "load_checkpoint",
     "plan_buckets",
     "powersgd",
+    "resume_checkpoint",
     "save_checkpoint",
 ]

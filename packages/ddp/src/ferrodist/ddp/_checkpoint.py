@@ -15,7 +15,7 @@ from ferrodist.core import FerrodistError, Group, ReduceOp
 from ._ddp import DistributedDataParallel
 from ._models import Model, adapt
 
-__all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointError", "load_checkpoint", "resume_checkpoint", "save_checkpoint"]
 
 
 class CheckpointError(FerrodistError, OSError):
@@ -118,3 +118,36 @@ def load_checkpoint(
             f"rank {group.rank}: load_checkpoint: {failed} rank(s) could not load {os.fspath(path)!r} ({where})"
         )
     return state["extra"]
+
+
+def resume_checkpoint(
+    path: str | os.PathLike[str],
+    module: Any,
+    optimizer: Any = None,
+    *,
+    group: Group | None = None,
+    map_location: Any = None,
+) -> Any:
+    """Load ``path`` if rank 0 sees it, else leave the model as it is: the start of a script
+    that ``ferrodist run --max-restarts`` may start again after a failure (a collective).
+
+    Returns the ``extra`` value saved with the checkpoint (say, the next step), or None
+    when there is no checkpoint yet (a first start). Every rank takes the same branch:
+    rank 0 looks for the file and tells the others; a rank that then cannot read it makes
+    every rank raise ``CheckpointError``.
+
+    Example::
+
+        start = resume_checkpoint("ckpt.pt", ddp_model, opt) or 0   # every rank
+        for step in range(start, steps):
+            ...
+            if step % 100 == 99:
+                save_checkpoint("ckpt.pt", ddp_model, opt, extra=step + 1)
+    """
+    group = group if group is not None else default_group()
+    model = adapt(_unwrap(module))
+    found = model.small(np.array([int(group.rank == 0 and os.path.exists(path))], dtype=np.int64))
+    group.broadcast(found, 0)
+    if not int(model.numpy(found)[0]):
+        return None
+    return load_checkpoint(path, module, optimizer, group=group, map_location=map_location)

@@ -64,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds the ranks get to stop, after a rank failed (SIGTERM) or the launcher was interrupted "
         f"(SIGINT, SIGTERM or SIGHUP, passed on), before SIGKILL (default {DEFAULT_GRACE:g})",
     )
+    start.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="when a rank fails, start the whole job again (a new rendezvous, FERRODIST_RESTART_COUNT=k) up to this "
+        "many times; give every node's launcher the same number (default 0)",
+    )
     start.add_argument("--log-dir", default=None, help="also write each rank's output, unlabelled, to DIR/rank-K.log")
     start.add_argument(
         "--trace",
@@ -218,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             join_timeout=args.join_timeout,
             log_dir=args.log_dir,
             extra_env=None if trace is None else {"FERRODIST_TRACE": trace},
+            max_restarts=args.max_restarts,
         )
     except Exception as exc:
         # ferrodist.core (numpy, ml_dtypes) is imported only here: `ferrodist run` starts the

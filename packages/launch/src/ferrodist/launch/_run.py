@@ -93,6 +93,7 @@ def run(
     out: BinaryIO | None = None,
     extra_env: dict[str, str] | None = None,
     silence: float = DEFAULT_SILENCE,
+    max_restarts: int = 0,
 ) -> JobResult:
     """Run ``command`` as ``nprocs`` ranks on this machine and wait for them.
 
@@ -116,6 +117,13 @@ def run(
     in its environment. A failure on any node, or a launcher lost, stops every node's ranks
     (see ``_nodes``); every launcher prints the same summary and returns the same exit code.
 
+    ``max_restarts``: when a rank fails (on any node), start the whole job again, with a new
+    rendezvous (port, token, job id), up to this many times. Every launcher of the job must
+    be given the same number; each restart tells the ranks which one it is in
+    ``FERRODIST_RESTART_COUNT`` (and ``TORCHELASTIC_RESTART_COUNT``, as torchrun does), so a
+    script resumes from its last checkpoint (``ferrodist.ddp.resume_checkpoint``). A
+    launcher interrupted by a signal, or a node lost, ends the job without a restart.
+
     Call it from a thread that lives until it returns: the ranks die with the thread that
     started them (``PR_SET_PDEATHSIG``).
 
@@ -125,6 +133,8 @@ def run(
         (0, None)
     """
     _check(nprocs, command, nnodes, node_rank, grace, join_timeout)
+    if not (isinstance(max_restarts, int) and max_restarts >= 0):
+        raise _invalid(f"ferrodist run: --max-restarts must be a whole number >= 0, not {max_restarts!r}")
     argv = list(command)
     if module:
         argv = [sys.executable, "-u", "-m", *argv]
@@ -145,33 +155,52 @@ def run(
             "value on every node before `ferrodist run`"
         )
     signals = _Signals()  # before the first rank starts: a signal from now on stops the job
-    link: Hub | Member | None = None
     try:
-        if nnodes == 1:
-            placement = Placement(
-                0,
-                1,
-                0,
-                nprocs,
-                nprocs,
-                master_addr,
-                master_port or free_port(master_addr),
-                secrets.token_hex(32),
-                secrets.token_hex(6),  # names the job's shared-memory files, so they can be removed
-            )
-        else:
+        for restart in range(max_restarts + 1):
+            link: Hub | Member | None = None
+            env = dict(extra_env or {}, FERRODIST_RESTART_COUNT=str(restart), TORCHELASTIC_RESTART_COUNT=str(restart))
             try:
-                link, placement = _join(
-                    nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence, signals.fd
-                )
-            except NodeFailure as failure:
-                console.line(failure.summary)
-                return JobResult(failure.exit_code, None, (), (), failure.summary, failure.node)
-        return _run_ranks(placement, argv, console, signals, link, grace, log_dir, extra_env)
+                if nnodes == 1:
+                    placement = Placement(
+                        0,
+                        1,
+                        0,
+                        nprocs,
+                        nprocs,
+                        master_addr,
+                        master_port or free_port(master_addr),
+                        secrets.token_hex(32),
+                        secrets.token_hex(6),  # names the job's shared-memory files, so they can be removed
+                    )
+                else:
+                    try:
+                        link, placement = _join(
+                            nprocs,
+                            nnodes,
+                            node_rank,
+                            master_addr,
+                            master_port,
+                            token,
+                            join_timeout,
+                            silence,
+                            signals.fd,
+                        )
+                    except NodeFailure as failure:
+                        console.line(failure.summary)
+                        return JobResult(failure.exit_code, None, (), (), failure.summary, failure.node)
+                result = _run_ranks(placement, argv, console, signals, link, grace, log_dir, env)
+            finally:
+                if link is not None:
+                    link.close()
+            if result.exit_code == 0 or result.failed_rank is None or restart == max_restarts or signals.seen:
+                return result
+            console.line(
+                f"ferrodist run: restarting the job ({restart + 1} of {max_restarts} restarts): every rank starts "
+                "again with a new rendezvous"
+            )
+        raise AssertionError("unreachable: the last attempt returns")
     finally:
         signals.close()
-        if link is not None:
-            link.close()
 
 
 def _check(nprocs: int, command: Sequence[str], nnodes: int, node_rank: int, grace: float, join: float) -> None:
@@ -374,7 +403,10 @@ class _Signals:
             for signum in _FORWARDED:
                 self._previous[signum] = signal.signal(signum, self._handle)
 
+    seen = False  # a signal arrived (then the job is not restarted)
+
     def _handle(self, signum: int, _frame: object) -> None:
+        self.seen = True
         with contextlib.suppress(OSError):
             os.write(self._write, bytes([signum]))
 
