@@ -261,17 +261,16 @@ class ProcessGroup:
             x = np.array([rank + 1, 10 * (rank + 1)])   # rank 0: [1, 10]  rank 1: [2, 20]
             group.all_reduce(x, ReduceOp.MAX)            # rank 0: [2, 20]  rank 1: [2, 20]
         """
+        signature: Hashable = None  # the arguments as given, under which a checked call's plan is kept
         x = host_view(tensor)
         if x is not None:
-            signature: Hashable = ("all_reduce", x.dtype, x.size, op, algorithm, compress)
+            signature = ("all_reduce", x.dtype, x.size, op, algorithm, compress)
             if x.flags.writeable and (plan := self._route.known(signature)) is not None:
                 return self._runner.run(plan, (x if x.ndim == 1 else x.reshape(-1),), async_op, timeout)
-        elif (d := device_view(tensor)) is not None:
+        elif (d := device_view(tensor)) is not None:  # a CUDA tensor, known by its address
             signature = ("all_reduce", "cuda", d.device.index, d.dtype, d.numel, op, algorithm, compress)
             if (plan := self._route.known(signature)) is not None:
                 return self._runner.run(plan, (d,), async_op, timeout, d.shape)
-        else:
-            signature = None
         check = self._checker("all_reduce")
         t = check.tensor(tensor, writeable=True)
         reduce_op = check.op(op, t)
