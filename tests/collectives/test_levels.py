@@ -124,3 +124,25 @@ def test_a_plan_says_what_it_does():
 def test_placements_that_do_not_add_up_are_refused(places, message):
     with pytest.raises(InvalidArgument, match=message):
         Nodes.from_places(places)
+
+
+def test_every_rank_learns_the_same_nodes_from_the_launcher_or_the_hosts():
+    import ferrodist.collectives as dist
+    from ferrodist.collectives._levels import discover_nodes, this_host
+    from ferrodist.testing import run_world
+
+    def body():
+        group, r = dist.default_group(), dist.get_rank()
+        return (
+            discover_nodes(group, env={"GROUP_RANK": str(r // 2)}),  # ferrodist run, torchrun
+            discover_nodes(group, env={"SLURM_NODEID": str(r % 2)}),  # nodes need not hold consecutive ranks
+            discover_nodes(group, env={"NODE_RANK": "0"} if r else {}, host=f"host-{r // 3}"),  # one rank unplaced
+            discover_nodes(group, env={}),  # no launcher: this machine's host, for every rank
+        )
+
+    for by_group, by_slurm, by_host, alone in run_world(4, body):
+        assert by_group.members == ((0, 1), (2, 3))
+        assert by_slurm.members == ((0, 2), (1, 3))
+        assert by_host.members == ((0, 1, 2), (3,))  # the hosts decide when a rank has no node number
+        assert alone.members == ((0, 1, 2, 3),)
+    assert this_host().split("/", 1)[0]  # the host name, then the boot id

@@ -20,14 +20,23 @@ byte (tests/collectives/test_levels.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ferrodist.core import InvalidArgument
 
 from ._plans import chunk_layout
 
-__all__ = ["LevelsPlan", "Nodes", "levels_plan"]
+if TYPE_CHECKING:
+    from ._group import ProcessGroup
+
+__all__ = ["LevelsPlan", "Nodes", "discover_nodes", "levels_plan", "this_host"]
+
+#: Where launchers say which node a rank runs on: ferrodist run and torchrun, then SLURM.
+NODE_VARIABLES = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,44 @@ class LevelsPlan:
             f"{len(self.counts)} shards; reduce-scatter and all-gather with ranks {list(self.node_ranks)}; "
             f"across nodes: shard {shards or 'none'}"
         )
+
+
+def this_host() -> str:
+    """What tells this machine from others: its host name and its boot id (two containers
+    of one machine may share a name; a machine rebooted is another run of it)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def discover_nodes(group: ProcessGroup, env: Mapping[str, str] | None = None, host: str | None = None) -> Nodes:
+    """Which node each rank of ``group`` runs on, the same answer on every rank (a collective).
+
+    The launcher's node number where every rank has one (``GROUP_RANK`` or ``NODE_RANK``
+    from ``ferrodist run`` and torchrun, ``SLURM_NODEID``; each rank reads the first that is
+    set in ``env``, this process's environment by default), else the host each rank runs
+    on (``this_host()``, or ``host``). Nodes are numbered in the order of their first rank,
+    and a node's local ranks in the order of their global ranks.
+    """
+    from ._objects import all_gather_object
+
+    env = os.environ if env is None else env
+    node = next((env[name] for name in NODE_VARIABLES if env.get(name, "").strip()), None)
+    everyone: list[tuple[str | None, str]] = [("", "")] * group.size
+    all_gather_object(group, everyone, (node, host if host is not None else this_host()))
+    by_launcher = all(mine is not None for mine, _ in everyone)
+    keys = [str(mine) if by_launcher else where for mine, where in everyone]
+    numbers: dict[str, int] = {}
+    places: list[tuple[int, int]] = []
+    seen: dict[int, int] = {}
+    for key in keys:
+        k = numbers.setdefault(key, len(numbers))
+        places.append((k, seen.get(k, 0)))
+        seen[k] = seen.get(k, 0) + 1
+    return Nodes.from_places(places)
 
 
 def levels_plan(nodes: Nodes, count: int, rank: int) -> LevelsPlan:
