@@ -19,7 +19,7 @@ from ferrodist.transport._auth import connect_handshake
 from ferrodist.transport._frames import HELLO, encode_header
 from ferrodist.transport._net import connect_with_retry
 from ferrodist.transport._rendezvous import Rendezvous
-from ferrodist.transport._shm import default_chunk
+from ferrodist.transport._slots import default_chunk
 
 TOKEN = b"rendezvous-test"
 #: Every rank of a bad start must have failed within this many seconds (timeouts are 60 s;

@@ -48,7 +48,7 @@ def test_more_ranks_than_cores_or_a_fixed_count_need_no_measurement(monkeypatch)
 
 
 def test_a_slot_is_half_a_core_l2_cache_within_bounds(tmp_path):
-    from ferrodist.transport._shm import DEFAULT_CHUNK, default_chunk
+    from ferrodist.transport._slots import DEFAULT_CHUNK, default_chunk
 
     def cache(level: str, size: str) -> str:
         folder = tmp_path / f"{level}-{size}"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from ferrodist.core import InvalidArgument
 
+from ._objects import all_gather_object
 from ._plans import chunk_layout
 
 if TYPE_CHECKING:
@@ -148,8 +149,6 @@ def discover_nodes(group: ProcessGroup, env: Mapping[str, str] | None = None, ho
     on (``this_host()``, or ``host``). Nodes are numbered in the order of their first rank,
     and a node's local ranks in the order of their global ranks.
     """
-    from ._objects import all_gather_object
-
     env = os.environ if env is None else env
     node = next((env[name] for name in NODE_VARIABLES if env.get(name, "").strip()), None)
     everyone: list[tuple[str | None, str]] = [("", "")] * group.size

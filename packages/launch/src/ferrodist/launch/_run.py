@@ -156,51 +156,66 @@ def run(
         )
     signals = _Signals()  # before the first rank starts: a signal from now on stops the job
     try:
-        for restart in range(max_restarts + 1):
-            link: Hub | Member | None = None
+        restart = 0
+        while True:
             env = dict(extra_env or {}, FERRODIST_RESTART_COUNT=str(restart), TORCHELASTIC_RESTART_COUNT=str(restart))
-            try:
-                if nnodes == 1:
-                    placement = Placement(
-                        0,
-                        1,
-                        0,
-                        nprocs,
-                        nprocs,
-                        master_addr,
-                        master_port or free_port(master_addr),
-                        secrets.token_hex(32),
-                        secrets.token_hex(6),  # names the job's shared-memory files, so they can be removed
-                    )
-                else:
-                    try:
-                        link, placement = _join(
-                            nprocs,
-                            nnodes,
-                            node_rank,
-                            master_addr,
-                            master_port,
-                            token,
-                            join_timeout,
-                            silence,
-                            signals.fd,
-                        )
-                    except NodeFailure as failure:
-                        console.line(failure.summary)
-                        return JobResult(failure.exit_code, None, (), (), failure.summary, failure.node)
-                result = _run_ranks(placement, argv, console, signals, link, grace, log_dir, env)
-            finally:
-                if link is not None:
-                    link.close()
+            where = (nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence)
+            result = _attempt(*where, argv, console, signals, grace, log_dir, env)
             if result.exit_code == 0 or result.failed_rank is None or restart == max_restarts or signals.seen:
                 return result
+            restart += 1
             console.line(
-                f"ferrodist run: restarting the job ({restart + 1} of {max_restarts} restarts): every rank starts "
+                f"ferrodist run: restarting the job ({restart} of {max_restarts} restarts): every rank starts "
                 "again with a new rendezvous"
             )
-        raise AssertionError("unreachable: the last attempt returns")
     finally:
         signals.close()
+
+
+def _attempt(
+    nprocs: int,
+    nnodes: int,
+    node_rank: int,
+    master_addr: str,
+    master_port: int | None,
+    token: str,
+    join_timeout: float,
+    silence: float,
+    argv: list[str],
+    console: Console,
+    signals: _Signals,
+    grace: float,
+    log_dir: str | None,
+    env: dict[str, str],
+) -> JobResult:
+    """One start of the job: place this node's ranks (alone, or meeting the other nodes'
+    launchers), run them, and return the verdict."""
+    link: Hub | Member | None = None
+    try:
+        if nnodes == 1:
+            placement = Placement(
+                0,
+                1,
+                0,
+                nprocs,
+                nprocs,
+                master_addr,
+                master_port or free_port(master_addr),
+                secrets.token_hex(32),
+                secrets.token_hex(6),  # names the job's shared-memory files, so they can be removed
+            )
+        else:
+            try:
+                link, placement = _join(
+                    nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence, signals.fd
+                )
+            except NodeFailure as failure:
+                console.line(failure.summary)
+                return JobResult(failure.exit_code, None, (), (), failure.summary, failure.node)
+        return _run_ranks(placement, argv, console, signals, link, grace, log_dir, env)
+    finally:
+        if link is not None:
+            link.close()
 
 
 def _check(nprocs: int, command: Sequence[str], nnodes: int, node_rank: int, grace: float, join: float) -> None:

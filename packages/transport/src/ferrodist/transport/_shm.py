@@ -34,16 +34,14 @@ from ._arena import Arena
 from ._protocol import DEFAULT_TIMEOUT
 from ._rendezvous import Rendezvous
 from ._segment import SegmentGone, create_segment, open_segment
+from ._slots import DEFAULT_SLOTS, default_chunk
 from ._store import KeyValue
 from ._tcp import TcpTransport
 
-__all__ = ["ShmCollectives", "ShmTransport", "default_chunk"]
+__all__ = ["ShmCollectives", "ShmTransport"]
 
 Array = np.ndarray[Any, Any]
 
-DEFAULT_CHUNK = 1 << 20  # bytes per slot where a core's L2 cache size cannot be read
-_L2 = "/sys/devices/system/cpu/cpu0/cache/index2"
-DEFAULT_SLOTS = 2
 #: all_reduce moves at most this many bytes (size x ranks) the one-sync way, in which every
 #: rank reduces everything; above it the pipeline (each rank reduces 1/p) is faster here.
 SMALL_ALL_REDUCE = 32 << 10
@@ -58,22 +56,6 @@ _ALL_REDUCE = background(_chunks.all_reduce)
 _BROADCAST = background(_chunks.broadcast)
 _ALL_GATHER = background(_chunks.all_gather)
 _REDUCE_SCATTER = background(_chunks.reduce_scatter)
-
-
-def default_chunk(cache: str = _L2) -> int:
-    """Bytes per slot: half a core's L2 cache, from 256 KiB to 1 MiB (so that a chunk of
-    ``x``, the slots it meets and the peers' parts stay in the core's L2 while they are
-    folded); ``DEFAULT_CHUNK`` where Linux does not say the cache's size."""
-    try:
-        with open(os.path.join(cache, "level")) as level, open(os.path.join(cache, "size")) as size:
-            if level.read().strip() != "2":
-                return DEFAULT_CHUNK
-            text = size.read().strip().upper()
-        units = {"K": 1 << 10, "M": 1 << 20}
-        l2 = int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
-    except (OSError, ValueError):
-        return DEFAULT_CHUNK
-    return min(1 << 20, max(256 << 10, l2 // 2 // 64 * 64))
 
 
 class ShmCollectives:
