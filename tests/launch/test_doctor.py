@@ -389,7 +389,7 @@ def test_a_child_that_fails_gives_its_last_error_line():
     [
         ({}, "simulated"),
         ({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "shm"),
-        ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "tcp"),
+        ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "levels"),
         ({"RANK": "0", "WORLD_SIZE": "1"}, "simulated"),
         ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "mpi"),
         (
@@ -408,10 +408,10 @@ def test_a_child_that_fails_gives_its_last_error_line():
                 "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
                 "MASTER_ADDR": "h",
             },
-            "tcp",
+            "levels",
         ),
         ({"PMI_RANK": "0", "PMI_SIZE": "3", "MPI_LOCALNRANKS": "3"}, "mpi"),
-        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "MASTER_ADDR": "h"}, "tcp"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "MASTER_ADDR": "h"}, "levels"),
     ],
 )
 def test_the_doctor_shows_init_process_groups_own_pick(env, backend):

@@ -57,6 +57,7 @@ from ._torchnames import (
     reduce_scatter_single,
     send_object_list,
 )
+from ._twolevel import enable_two_levels
 from ._work import Work
 
 __all__ = [
@@ -84,6 +85,7 @@ __all__ = [
     "connect_transport",
     "default_group",
     "destroy_process_group",
+    "enable_two_levels",
     "gather",
     "gather_object",
     "get_backend",

@@ -26,11 +26,12 @@ from ferrodist.transport import (
 )
 
 #: Backends ``init_process_group`` can start ("auto" picks one; "gloo" is a name for "auto";
-#: "nccl" is "auto" with CUDA tensors through NCCL).
-BACKENDS = ("simulated", "tcp", "shm", "mpi")
+#: "nccl" is "auto" with CUDA tensors through NCCL). "levels" is tcp between nodes and
+#: shared memory inside each (see ``_twolevel``).
+BACKENDS = ("simulated", "tcp", "shm", "mpi", "levels")
 _log = logging.getLogger("ferrodist.collectives")
 #: The backends that read the launcher's variables ("simulated" and "mpi" do not).
-_READS_ENV = ("auto", "gloo", "nccl", "tcp", "shm")
+_READS_ENV = ("auto", "gloo", "nccl", "tcp", "shm", "levels")
 _MEANING = {
     "RANK": "this process's rank, 0 to WORLD_SIZE - 1",
     "WORLD_SIZE": "the number of ranks",
@@ -41,7 +42,9 @@ _MEANING = {
 
 def make_transport(
     backend: str, init_method: str | None, rank: int | None, world_size: int | None, timeout: float
-) -> Transport:
+) -> tuple[Transport, bool]:
+    """This rank's transport for ``backend``, and whether the world group should run over two
+    levels (``"levels"``, which ``auto`` picks for jobs over several hosts)."""
     info = None
     if backend in _READS_ENV:
         try:
@@ -74,16 +77,23 @@ def make_transport(
                 "use ferrodist.testing.run_world(n, fn), or give each thread "
                 "transport=SimulatedTransport.create_group(n)[rank]"
             )
-        return SimulatedTransport.create_group(1, timeout=timeout)[0]
+        return SimulatedTransport.create_group(1, timeout=timeout)[0], False
+    levels = backend == "levels"
+    if levels:
+        backend = "tcp"
     if backend in ("tcp", "shm"):
         rank, world_size, addr, port = _where(info, rank, world_size, init_method)
         kind = ShmTransport if backend == "shm" else TcpTransport
         if init_method in (None, "env://") and under_torchrun():
             kv = _torchrun_store(addr, port, timeout)
-            return kind.connect(rank=rank, world_size=world_size, master_addr=addr, rendezvous=kv, timeout=timeout)
-        return kind.connect(rank=rank, world_size=world_size, master_addr=addr, master_port=port, timeout=timeout)
+            transport = kind.connect(rank=rank, world_size=world_size, master_addr=addr, rendezvous=kv, timeout=timeout)
+        else:
+            transport = kind.connect(
+                rank=rank, world_size=world_size, master_addr=addr, master_port=port, timeout=timeout
+            )
+        return transport, levels
     if backend == "mpi":
-        return _mpi_transport(info, rank, world_size, timeout)
+        return _mpi_transport(info, rank, world_size, timeout), False
     raise InvalidArgument(
         f"init_process_group: unknown backend {backend!r}; available: {', '.join(BACKENDS)}, auto (and gloo, a name "
         "for auto; nccl, auto with CUDA tensors through NCCL)"
@@ -189,8 +199,9 @@ def _auto(
 ) -> tuple[str, str]:
     """mpi under mpiexec (when mpi4py is there and no master address is given), shm when the
     launcher says every rank is on this host (``ferrodist run``, torchrun and mpiexec say how
-    many ranks run here), tcp for any other job of several ranks, else a simulated world of
-    one; and why."""
+    many ranks run here), levels for any other job of several ranks (shared memory inside
+    each node and tcp between; flat tcp where each node runs one rank), else a simulated
+    world of one; and why."""
     size = world_size if world_size is not None else (info.world_size if info else 1)
     if info is not None and info.under_mpi and init_method is None and info.master_addr is None:
         try:
@@ -203,7 +214,10 @@ def _auto(
         return "simulated", "a world of one" if info is not None else "no launcher variables: a world of one"
     if info is not None and info.single_host and world_size in (None, info.world_size):
         return "shm", "every rank on this host"
-    return "tcp", "ranks on several hosts, or the launcher does not say how many run here"
+    return "levels", (
+        "ranks on several hosts, or the launcher does not say how many run here: shared memory inside each node, "
+        "tcp between nodes"
+    )
 
 
 def _mpi_transport(info: LaunchInfo | None, rank: int | None, world_size: int | None, timeout: float) -> Transport:

@@ -20,6 +20,7 @@ byte (tests/collectives/test_levels.py).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -42,9 +43,11 @@ NODE_VARIABLES = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
 
 @dataclass(frozen=True)
 class Nodes:
-    """Where a job's ranks run: ``members[k]`` are node k's global ranks, local rank order."""
+    """Where a job's ranks run: ``members[k]`` are node k's global ranks, local rank order;
+    ``hosts[k]`` what node k is (host name and boot id), when known."""
 
     members: tuple[tuple[int, ...], ...]
+    hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_places(cls, places: Sequence[tuple[int, int]]) -> Nodes:
@@ -158,11 +161,14 @@ def discover_nodes(group: ProcessGroup, env: Mapping[str, str] | None = None, ho
     numbers: dict[str, int] = {}
     places: list[tuple[int, int]] = []
     seen: dict[int, int] = {}
-    for key in keys:
+    hosts: list[str] = []
+    for key, (_, where) in zip(keys, everyone, strict=True):
         k = numbers.setdefault(key, len(numbers))
+        if k == len(hosts):
+            hosts.append(where)
         places.append((k, seen.get(k, 0)))
         seen[k] = seen.get(k, 0) + 1
-    return Nodes.from_places(places)
+    return dataclasses.replace(Nodes.from_places(places), hosts=tuple(hosts))
 
 
 def levels_plan(nodes: Nodes, count: int, rank: int) -> LevelsPlan:

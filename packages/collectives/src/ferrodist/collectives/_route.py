@@ -23,7 +23,7 @@ from typing import Any
 
 from ferrodist.core import DeviceEngine, DType, GroupInfo, ReduceOp, reducer, uint8
 
-from . import _direct, _doubling, _native, _ring, _tree
+from . import _direct, _doubling, _native, _ring, _tree, _twolevel
 from ._call import Array, Call
 from ._checks import Blocks
 from ._debug import debugging_routes
@@ -45,7 +45,8 @@ class Plan:
     """What one kind of call does, decided once.
 
     ``route`` names where it runs: a device engine (``"nccl"``, ``"staged"``), the
-    transport's own collective (``"transport"``) or our algorithm (``"ring"``,
+    transport's own collective (``"transport"``), the two levels of a job that spans nodes
+    (``"levels"``) or our algorithm (``"ring"``,
     ``"recursive_doubling"``, ``"tree"``, ``"direct"``, ``"dissemination"``).
     ``body(call, *arrays)`` runs it inside the call: device ``Tensor`` objects for a device
     engine, else flat host arrays and ``Blocks``.
@@ -82,6 +83,7 @@ class Route:
     def __init__(self, runner: Runner, native: Any, devices: DeviceRoute, info: GroupInfo, *, debug: bool) -> None:
         self.runner = runner
         self.native = native  # the transport's own collectives for this group, or None
+        self.levels: _twolevel.Levels | None = None  # a world spanning nodes: its two levels
         self.devices = devices
         self.info = info  # name, this rank, size, timeout
         self.keep = not debug  # debug mode compares every call across ranks: nothing is skipped
@@ -170,11 +172,16 @@ class Route:
     ) -> tuple[str, Body]:
         """Where a call on host arrays runs, and its body: the transport's own collective
         when it can do this call (dtype, op; all_reduce up to its size limit) and the caller
-        named none of our algorithms, else ours."""
+        named none of our algorithms, else ours; in a world that spans nodes, the two levels
+        (``_twolevel``) for the collectives they run."""
         key = (operation, dt, count, op, root, algorithm)
         found = self._bodies.get(key)
         if found is None:
-            found = _cpu_body(self.native, self.info, operation, dt, count, op, root, algorithm)
+            levels = self.levels
+            if levels is not None and algorithm in (None, "auto") and operation in _twolevel.OPERATIONS:
+                found = ("levels", levels.body(operation, dt, op, root))
+            else:
+                found = _cpu_body(self.native, self.info, operation, dt, count, op, root, algorithm)
             _keep(self._bodies, key, found)
         return found
 
@@ -201,6 +208,9 @@ class Route:
 
     def close(self) -> None:
         native, self.native = self.native, None
+        levels, self.levels = self.levels, None
+        if levels is not None:
+            levels.close()
         self._plans.clear()
         self._known.clear()
         self._bodies.clear()

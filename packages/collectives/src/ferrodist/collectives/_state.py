@@ -14,6 +14,7 @@ from typing import Any
 from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, NotInitialized
 from ferrodist.transport import DEFAULT_TIMEOUT, MpiTransport, ShmTransport, SimulatedTransport, TcpTransport, Transport
 
+from . import _twolevel
 from ._backends import make_transport
 from ._debug import enabled_by_environment
 from ._device import requested_route
@@ -136,10 +137,10 @@ def init_process_group(
     # its own default group. A world this call builds itself belongs to the whole process.
     threaded = isinstance(transport, SimulatedTransport)
     _check_not_initialized(threaded)  # before building a transport: every rank fails at once
-    built = transport is None
+    built, levels = transport is None, False
     if transport is None:
         try:
-            transport = make_transport(backend, init_method, rank, world_size, timeout)
+            transport, levels = make_transport(backend, init_method, rank, world_size, timeout)
         except FerrodistError as exc:
             record_failure(exc)  # for the launcher: a peer that never arrived, or this rank's own error
             raise
@@ -167,11 +168,26 @@ def init_process_group(
             debug=enabled_by_environment() if debug is None else bool(debug),
             cuda_route=route,
         )
+        if levels:
+            _two_levels(world)
         if threaded:
             _thread_default.group = world
         else:
             _process_default.append(world)
     return world
+
+
+def _two_levels(world: ProcessGroup) -> None:
+    """The world of a job over several nodes: its two levels (a collective of every rank);
+    on failure, the world is closed and the error raised."""
+    try:
+        _twolevel.enable(world)
+    except BaseException as exc:
+        world._shutdown(1.0)
+        world.transport.close()
+        if isinstance(exc, FerrodistError):
+            record_failure(exc)
+        raise
 
 
 def _check_not_initialized(threaded: bool) -> None:
@@ -266,14 +282,16 @@ def backend_name(transport: Transport) -> str:
 
 def get_backend(group: ProcessGroup | None = None) -> str:
     """The transport ``group`` runs over (the default group if ``None``): ``"simulated"``,
-    ``"tcp"``, ``"shm"`` or ``"mpi"``; for a transport of your own, its class name.
+    ``"tcp"``, ``"shm"`` or ``"mpi"``; for a transport of your own, its class name; for a
+    world whose collectives run over two levels (a job over several nodes), ``"levels"``.
 
     Example::
 
         init_process_group("auto")   # under `ferrodist run -n 2` on one host
         get_backend()                # "shm"
     """
-    return backend_name(resolve(group).transport)
+    found = resolve(group)
+    return "levels" if found._route.levels is not None else backend_name(found.transport)
 
 
 def is_available() -> bool:

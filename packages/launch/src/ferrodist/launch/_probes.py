@@ -348,7 +348,7 @@ def missing_master(env: dict[str, str], info: Any, backend: str) -> str | None:
             "`ferrodist run -n N script.py` (or torchrun), set RANK (this process's rank) and WORLD_SIZE (the "
             f"number of ranks) on every rank, or unset {' and '.join(master)} to run this process alone"
         )
-    if backend not in ("tcp", "shm"):
+    if backend not in ("tcp", "shm", "levels"):
         return None
     missing = [
         name for name, value in (("MASTER_ADDR", info.master_addr), ("MASTER_PORT", info.master_port)) if not value

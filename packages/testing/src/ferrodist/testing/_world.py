@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ferrodist.collectives import Faults, SimulatedTransport, destroy_process_group, init_process_group, is_initialized
+from ferrodist.collectives import (
+    Faults,
+    SimulatedTransport,
+    destroy_process_group,
+    enable_two_levels,
+    init_process_group,
+    is_initialized,
+)
 from ferrodist.core import CollectiveTimeout, InvalidArgument, PeerLost
 
 __all__ = ["run_world"]
@@ -22,6 +29,7 @@ def run_world(
     timeout: float = 30.0,
     run_timeout: float = 300.0,
     faults: Faults | None = None,
+    nodes: Sequence[int] | None = None,
     **kwargs: Any,
 ) -> list[T]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return each rank's result.
@@ -40,6 +48,9 @@ def run_world(
             are abandoned and ``CollectiveTimeout`` names them.
         faults: failures to inject (a slow rank, a rank that dies or goes silent at its
             n-th message), see ``ferrodist.transport.Faults``.
+        nodes: run the ranks as simulated nodes of these many ranks each (ranks numbered
+            node by node): the world's collectives then go over two levels, as in a job
+            over several hosts (``enable_two_levels``). The faults apply between nodes.
 
     Example:
         >>> def step():
@@ -52,6 +63,7 @@ def run_world(
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise InvalidArgument(f"run_world: world_size must be an integer >= 1, not {world_size!r}")
     transports = SimulatedTransport.create_group(world_size, timeout=timeout, faults=faults)
+    places, inner = _simulated_nodes(world_size, nodes, timeout)
     results: list[Any] = [None] * world_size
     failures: list[tuple[float, int, BaseException]] = []
     lock = threading.Lock()
@@ -59,11 +71,16 @@ def run_world(
     def main(rank: int) -> None:
         try:
             init_process_group("simulated", transport=transports[rank], timeout=timeout)
+            if places is not None:
+                enable_two_levels(places=places, node_transport=inner[rank])
             results[rank] = fn(*args, **kwargs)
         except BaseException as exc:
             with lock:
                 failures.append((time.monotonic(), rank, exc))
             transports[rank].close()
+            mine = inner[rank]
+            if mine is not None:
+                mine.close()
         finally:
             if is_initialized():
                 destroy_process_group()
@@ -78,8 +95,9 @@ def run_world(
         thread.join(max(0.0, deadline - time.monotonic()))
     stuck = [r for r, thread in enumerate(threads) if thread.is_alive()]
     if stuck:
-        for t in transports:
-            t.close()  # wake ranks blocked in ferrodist calls
+        for t in [*transports, *inner]:
+            if t is not None:
+                t.close()  # wake ranks blocked in ferrodist calls
         raise CollectiveTimeout(
             f"run_world: ranks {stuck} of {world_size} were still running after {run_timeout:g} s",
             waiting_for=tuple(stuck),
@@ -87,6 +105,26 @@ def run_world(
     if failures:
         raise _first_cause(failures, world_size)
     return results
+
+
+def _simulated_nodes(
+    world_size: int, nodes: Sequence[int] | None, timeout: float
+) -> tuple[list[tuple[int, int]] | None, list[SimulatedTransport | None]]:
+    """Each rank's (node, local rank) and its transport inside its node (None alone on one)."""
+    if nodes is None:
+        return None, [None] * world_size
+    sizes = list(nodes)
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes) or sum(sizes) != world_size:
+        raise InvalidArgument(
+            f"run_world: nodes must be ranks per node (integers >= 1) adding up to {world_size}, not {nodes!r}"
+        )
+    places: list[tuple[int, int]] = []
+    inner: list[SimulatedTransport | None] = []
+    for node, size in enumerate(sizes):
+        group = SimulatedTransport.create_group(size, timeout=timeout) if size > 1 else [None]
+        places += [(node, local) for local in range(size)]
+        inner += group
+    return places, inner
 
 
 def _first_cause(failures: list[tuple[float, int, BaseException]], world_size: int) -> BaseException:

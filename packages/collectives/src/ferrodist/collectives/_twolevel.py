@@ -1,0 +1,534 @@
+"""The two-level route: the world's collectives of a job that spans nodes, run as a step
+inside each node (shared memory), a step between nodes (the world's tcp transport) and,
+where the result is needed everywhere, a step inside the node again (see ``_levels``).
+
+Each call is one call of the world group: one number, one deadline, one abort. Its steps
+carry the call's number; each step has a fingerprint of its own (its operation, dtype,
+count and op) and a tag of its own (the call's tag with the step in bits 20..30 of the
+call-number field), so two steps never take each other's messages. Inside a node the
+steps run through the node's shared-memory arena; across nodes, every local rank drives
+its own stream (one all_reduce per shard).
+
+A failure in either level fails the world call, which aborts the world group as any
+failed call does (its notices travel over tcp to every rank). Each rank bridges that
+abort into its node's channel, so a rank held in a shared-memory step stops at once.
+Errors from inside a node name global ranks and the node; a lost peer on another node
+is named with its node and host.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ferrodist.core import DType, FerrodistError, InvalidArgument, ReduceOp, reducer
+from ferrodist.transport import ShmTransport, Transport
+
+from . import _doubling, _ring, _tree
+from ._call import Array, Call, collective_tag
+from ._checks import Blocks
+from ._fingerprint import fingerprint
+from ._levels import LevelsPlan, Nodes, discover_nodes, levels_plan
+from ._objects import all_gather_object
+from ._select import all_reduce_algorithm
+
+if TYPE_CHECKING:
+    from ._group import ProcessGroup
+
+__all__ = ["OPERATIONS", "SMALL_BYTES", "Levels", "attach", "enable", "enable_two_levels"]
+
+_log = logging.getLogger("ferrodist.collectives")
+#: The longest a node's ranks wait for each other to open their shared memory.
+_NODE_START = 120.0
+
+#: The operations the two levels run (the others run flat over the world's transport).
+OPERATIONS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier")
+#: all_reduce up to this many bytes goes through one rank per node (reduce inside, all_reduce
+#: of the leaders across, broadcast inside): fewer steps, and the link is not the limit.
+SMALL_BYTES = 64 * 1024
+_STEP_SHIFT = 20  # a step's number sits in bits 20..30 of the call-number field of its tag
+_LEADERS = 0x7FF  # the step number of the leaders' cross-node step
+#: Scratch slots of the steps (the algorithms use 0..2, the transport's own collectives 7).
+_SHARD, _COPY, _NODE_BLOCKS, _REMOTE, _PACKED = 8, 9, 10, 11, 12
+
+Body = Callable[..., None]
+
+
+class Levels:
+    """The world group's two levels on this rank: where the ranks run (``nodes``), the world's
+    transport (between nodes) and the node's (``inner``, ranks numbered 0..L-1 inside the
+    node; None on a node of one rank)."""
+
+    def __init__(
+        self, nodes: Nodes, world: Transport, channel: int, inner: Transport | None, hosts: Sequence[str] = ()
+    ) -> None:
+        self.nodes = nodes
+        self.world = world
+        self.channel = channel
+        self.me = world.rank
+        self.node, self.local = nodes.place(self.me)
+        self.members = nodes.members[self.node]
+        self.hosts = tuple(hosts)
+        self.inner = inner
+        self.native = inner.native_collectives(range(len(self.members)), channel) if inner is not None else None
+        self.leaders = tuple(m[0] for m in nodes.members)
+        self.even = len({len(m) for m in nodes.members}) == 1
+        self._plans: dict[int, LevelsPlan] = {}
+
+    def __str__(self) -> str:
+        where = f" ({self.hosts[self.node]})" if self.hosts else ""
+        return f"two levels: {self.nodes}; this rank is local rank {self.local} of node {self.node}{where}"
+
+    def plan(self, count: int) -> LevelsPlan:
+        plan = self._plans.get(count)
+        if plan is None:
+            if len(self._plans) > 256:
+                self._plans.clear()
+            plan = self._plans[count] = levels_plan(self.nodes, count, self.me)
+        return plan
+
+    def body(self, operation: str, dt: DType | None, op: ReduceOp | None, root: int | None) -> Body:
+        """The body of one kind of call (as ``_route`` gives them: ``body(call, *arrays)``)."""
+        if operation == "barrier":
+            return lambda call: self._run(call, lambda s: s.barrier())
+        assert dt is not None
+        if operation == "all_reduce":
+            assert op is not None
+            return lambda call, x: self._run(call, lambda s: s.all_reduce(x, dt, op))
+        if operation == "broadcast":
+            assert root is not None
+            return lambda call, x: self._run(call, lambda s: s.broadcast(x, dt, root))
+        if operation == "reduce":
+            assert root is not None and op is not None
+            return lambda call, x: self._run(call, lambda s: s.reduce(x, dt, root, op))
+        if operation == "all_gather":
+            return lambda call, x, blocks: self._run(call, lambda s: s.all_gather(x, dt, blocks))
+        if operation == "reduce_scatter":
+            assert op is not None
+            return lambda call, out, blocks: self._run(call, lambda s: s.reduce_scatter(out, dt, blocks, op))
+        raise AssertionError(f"the two levels do not run {operation}")
+
+    def _run(self, call: Call, steps: Callable[[Steps], None]) -> None:
+        try:
+            steps(Steps(self, call))
+        except FerrodistError as exc:
+            raise self.failed(exc, call.seq) from None
+
+    # -- failure -------------------------------------------------------------------------------
+    def bridge(self, error: FerrodistError, seq: int) -> None:
+        """The world group was aborted (here or by a peer): stop this rank's steps inside the node."""
+        if self.inner is not None and self.inner.aborted(self.channel) is None:
+            self.inner.abort(self.channel, error, peers=[], seq=seq)
+
+    def failed(self, exc: FerrodistError, seq: int) -> FerrodistError:
+        """The error a call raises when one of its steps failed: a peer's abort of the world as
+        it came, else this rank's error with global ranks and the node of the rank it names.
+        Steps inside the node stop here too (the world's abort follows in the runner)."""
+        aborted = self.world.aborted(self.channel)
+        if aborted is not None and aborted.aborted_by is not None:
+            self.bridge(aborted, seq)
+            return copy.copy(aborted)
+        error = self._globally(exc) if self.inner is not None and exc.aborted_by is None and _inner(exc) else exc
+        peer = getattr(error, "peer", None)
+        if isinstance(peer, int) and 0 <= peer < self.nodes.world_size:
+            error = copy.copy(error)
+            error.args = (f"{error.message} ({self.where(peer)})",)
+        self.bridge(error, seq)
+        return error
+
+    def where(self, rank: int) -> str:
+        """Which node rank ``rank`` runs on, in words."""
+        node, _ = self.nodes.place(rank)
+        host = f", host {self.hosts[node].split('/')[0]}" if self.hosts else ""
+        return f"rank {rank} runs on node {node} with ranks {list(self.nodes.members[node])}{host}"
+
+    def _globally(self, exc: FerrodistError) -> FerrodistError:
+        """An error of the node's transport (local ranks) in global ranks."""
+        members = self.members
+        error = copy.copy(exc)
+        peer = getattr(exc, "peer", None)
+        if isinstance(peer, int) and 0 <= peer < len(members):
+            error.peer = members[peer]  # type: ignore[attr-defined]
+        waiting = getattr(exc, "waiting_for", ())
+        if waiting:
+            error.waiting_for = tuple(members[r] for r in waiting if 0 <= r < len(members))  # type: ignore[attr-defined]
+        error.rank = self.me
+        names = ", ".join(f"{j} is rank {r}" for j, r in enumerate(members))
+        error.args = (
+            f"inside node {self.node}, whose ranks are numbered 0..{len(members) - 1} there ({names}): {exc.message}",
+        )
+        return error
+
+    def close(self) -> None:
+        inner, self.inner = self.inner, None
+        if self.native is not None:
+            self.native.free()
+            self.native = None
+        if inner is not None:
+            inner.close()
+
+
+def _inner(exc: FerrodistError) -> bool:
+    return bool(getattr(exc, "inside_node", False))
+
+
+class Steps:
+    """One call's steps on this rank (see the module's docstring)."""
+
+    __slots__ = ("_call", "_lv", "_node_steps")
+
+    def __init__(self, levels: Levels, call: Call) -> None:
+        self._lv, self._call = levels, call
+        self._node_steps = 0
+
+    # -- the steps inside the node ---------------------------------------------------------------
+    def _inside(self, run_native: Callable[[Any, int], None], run_ours: Callable[[Call], None], fp: int) -> None:
+        """One step inside the node: through the arena when the node's transport has one, else
+        our algorithm over the node's transport. Its errors are marked as the node's."""
+        lv, call = self._lv, self._call
+        self._node_steps += 1
+        assert lv.inner is not None
+        try:
+            if lv.native is not None:
+                run_native(lv.native, fp)
+            else:
+                tag = collective_tag(lv.channel, call.seq) ^ (self._node_steps << _STEP_SHIFT)
+                sub = Call(lv.inner, range(len(lv.members)), lv.local, tag, call.deadline, call.scratch, fp, call.seq)
+                run_ours(sub)
+        except FerrodistError as exc:
+            exc.inside_node = True  # type: ignore[attr-defined]
+            raise
+
+    def node_all_reduce(self, x: Array, dt: DType, op: ReduceOp) -> None:
+        if self._lv.inner is None:
+            return
+        fp = fingerprint("all_reduce", dt, x.shape[0], op)
+        self._inside(
+            lambda n, f: n.all_reduce(x, dt, op, self._call.deadline, f, self._call.seq),
+            lambda c: _ring.all_reduce(c, x, reducer(dt, op), 1.0),
+            fp,
+        )
+
+    def node_reduce_scatter(self, inp: Array, out: Array, dt: DType, op: ReduceOp) -> None:
+        if self._lv.inner is None:
+            out[...] = inp
+            return
+        fp = fingerprint("reduce_scatter", dt, out.shape[0], op)
+        size = len(self._lv.members)
+        self._inside(
+            lambda n, f: n.reduce_scatter(inp, out, dt, op, self._call.deadline, f, self._call.seq),
+            lambda c: _ring.reduce_scatter(c, out, Blocks.of(inp, size), reducer(dt, op), 1.0),
+            fp,
+        )
+
+    def node_all_gather(self, x: Array, out: Array, dt: DType) -> None:
+        if self._lv.inner is None:
+            out[...] = x
+            return
+        fp = fingerprint("all_gather", dt, x.shape[0])
+        size, local = len(self._lv.members), self._lv.local
+
+        def ours(c: Call) -> None:
+            blocks = Blocks.of(out, size)
+            blocks[local][...] = x
+            _ring.all_gather(c, blocks)
+
+        self._inside(lambda n, f: n.all_gather(x, out, dt, self._call.deadline, f, self._call.seq), ours, fp)
+
+    def node_broadcast(self, x: Array, root: int, dt: DType) -> None:
+        if self._lv.inner is None:
+            return
+        fp = fingerprint("broadcast", dt, x.shape[0], root=root)
+        self._inside(
+            lambda n, f: n.broadcast(x, root, dt, self._call.deadline, f, self._call.seq),
+            lambda c: _tree.broadcast(c, x, root),
+            fp,
+        )
+
+    def node_reduce(self, x: Array, root: int, dt: DType, op: ReduceOp) -> None:
+        if self._lv.inner is None:
+            return
+        fp = fingerprint("reduce", dt, x.shape[0], op, root)
+        self._inside(
+            lambda n, f: n.reduce(x, root, dt, op, self._call.deadline, f, self._call.seq),
+            lambda c: _tree.reduce(c, x, root, reducer(dt, op), 1.0),
+            fp,
+        )
+
+    def node_barrier(self) -> None:
+        if self._lv.inner is None:
+            return
+        self._inside(
+            lambda n, f: n.barrier(self._call.deadline, f, self._call.seq), _tree.barrier, fingerprint("barrier")
+        )
+
+    # -- the steps between nodes ------------------------------------------------------------------
+    def across(self, ranks: Sequence[int], step: int, fp: int) -> Call:
+        """A step among ``ranks`` (global, one per node) over the world's transport."""
+        call, me = self._call, self._lv.me
+        tag = call.tag ^ (step << _STEP_SHIFT)
+        return Call(self._lv.world, ranks, list(ranks).index(me), tag, call.deadline, call.scratch, fp, call.seq)
+
+    def across_all_reduce(self, x: Array, ranks: Sequence[int], step: int, dt: DType, op: ReduceOp) -> None:
+        divisor = op.divisor(self._lv.nodes.world_size)
+        c = self.across(ranks, step, fingerprint("all_reduce", dt, x.shape[0], op))
+        run = _ring.all_reduce
+        if all_reduce_algorithm(x.nbytes, len(ranks), None, rank=self._lv.me) != "ring":
+            run = _doubling.all_reduce
+        run(c, x, reducer(dt, op), divisor)
+
+    # -- the collectives --------------------------------------------------------------------------
+    def all_reduce(self, x: Array, dt: DType, op: ReduceOp) -> None:
+        lv = self._lv
+        inside = ReduceOp.SUM if op is ReduceOp.AVG else op
+        n, size = x.shape[0], len(lv.members)
+        shards = max(len(m) for m in lv.nodes.members)
+        if x.nbytes <= SMALL_BYTES or n < shards:
+            self._leaders_all_reduce(x, dt, op)
+            return
+        if lv.even:
+            each = n // size
+            main = each * size
+            shard = self._call.scratch.get(_SHARD, each, x.dtype)
+            self.node_reduce_scatter(x[:main], shard, dt, inside)
+            group = tuple(m[lv.local] for m in lv.nodes.members)
+            self.across_all_reduce(shard, group, 1 + lv.local, dt, op)
+            self.node_all_gather(shard, x[:main], dt)
+            if main < n:
+                self._leaders_all_reduce(x[main:], dt, op)
+            return
+        plan = lv.plan(n)
+        self.node_all_reduce(x, dt, inside)
+        for s, group in zip(plan.owned, plan.across, strict=True):
+            self.across_all_reduce(x[plan.span(s)], group, 1 + s, dt, op)
+        for s in range(len(plan.counts)):
+            self.node_broadcast(x[plan.span(s)], plan.node_ranks.index(plan.owners[s]), dt)
+
+    def _leaders_all_reduce(self, x: Array, dt: DType, op: ReduceOp) -> None:
+        """Reduce to local rank 0, all_reduce of the leaders across nodes, broadcast inside."""
+        lv = self._lv
+        self.node_reduce(x, 0, dt, ReduceOp.SUM if op is ReduceOp.AVG else op)
+        if lv.local == 0:
+            self.across_all_reduce(x, lv.leaders, _LEADERS, dt, op)
+        self.node_broadcast(x, 0, dt)
+
+    def _bridges(self, root: int) -> tuple[tuple[int, ...], int, int]:
+        """For a rooted call: the ranks that carry it between nodes (the root on its node,
+        local rank 0 on the others), the root's index among them, and this node's rank
+        that carries it (a local rank)."""
+        lv = self._lv
+        root_node, root_local = lv.nodes.place(root)
+        bridges = tuple(root if k == root_node else m[0] for k, m in enumerate(lv.nodes.members))
+        return bridges, root_node, root_local if lv.node == root_node else 0
+
+    def broadcast(self, x: Array, dt: DType, root: int) -> None:
+        lv = self._lv
+        bridges, at, here = self._bridges(root)
+        if lv.me in bridges:
+            _tree.broadcast(self.across(bridges, _LEADERS, fingerprint("broadcast", dt, x.shape[0], root=at)), x, at)
+        self.node_broadcast(x, here, dt)
+
+    def reduce(self, x: Array, dt: DType, root: int, op: ReduceOp) -> None:
+        lv = self._lv
+        bridges, at, here = self._bridges(root)
+        buf = x
+        if lv.me != root:  # only the root's tensor changes
+            buf = self._call.scratch.get(_COPY, x.shape[0], x.dtype)
+            buf[...] = x
+        self.node_reduce(buf, here, dt, ReduceOp.SUM if op is ReduceOp.AVG else op)
+        if lv.me in bridges:
+            c = self.across(bridges, _LEADERS, fingerprint("reduce", dt, x.shape[0], op, at))
+            _tree.reduce(c, buf, at, reducer(dt, op), op.divisor(lv.nodes.world_size))
+
+    def all_gather(self, x: Array, dt: DType, blocks: Blocks) -> None:
+        """Inside the node, then the leaders swap their nodes' blocks, then inside again."""
+        lv, n = self._lv, x.shape[0]
+        nodes, scratch = lv.nodes.members, self._call.scratch
+        mine = scratch.get(_NODE_BLOCKS, n * len(lv.members), x.dtype)
+        self.node_all_gather(x, mine, dt)
+        others = [k for k in range(len(nodes)) if k != lv.node]
+        starts = np.cumsum([0] + [len(nodes[k]) * n for k in others]).tolist()
+        remote = scratch.get(_REMOTE, starts[-1], x.dtype)
+        if lv.local == 0:
+            c = self.across(lv.leaders, _LEADERS, fingerprint("all_gather", dt, n))
+            pending = [c.irecv(remote[starts[i] : starts[i + 1]], k) for i, k in enumerate(others)]
+            pending += [c.isend(mine, k) for k in others]
+            c.wait_all(pending)
+        self.node_broadcast(remote, 0, dt)
+        for j, rank in enumerate(lv.members):
+            blocks[rank][...] = mine[j * n : (j + 1) * n]
+        for i, k in enumerate(others):
+            for j, rank in enumerate(nodes[k]):
+                blocks[rank][...] = remote[starts[i] + j * n : starts[i] + (j + 1) * n]
+
+    def reduce_scatter(self, out: Array, dt: DType, blocks: Blocks, op: ReduceOp) -> None:
+        """Even nodes: inside the node, local rank j gets the node's sum of the blocks of every
+        node's local rank j; across, those ranks reduce-scatter them. Uneven: a two-level
+        all_reduce of a copy of the input, then this rank's block."""
+        lv, n = self._lv, out.shape[0]
+        nodes, scratch = lv.nodes.members, self._call.scratch
+        inside = ReduceOp.SUM if op is ReduceOp.AVG else op
+        if not lv.even:
+            whole = scratch.get(_PACKED, n * len(blocks), out.dtype)
+            for r, block in enumerate(blocks):
+                whole[r * n : (r + 1) * n] = block
+            self.all_reduce(whole, dt, op)
+            out[...] = whole[lv.me * n : (lv.me + 1) * n]
+            return
+        count = len(nodes)
+        packed = scratch.get(_PACKED, n * len(blocks), out.dtype)
+        for j in range(len(lv.members)):
+            for k in range(count):
+                start = (j * count + k) * n
+                packed[start : start + n] = blocks[nodes[k][j]]
+        part = scratch.get(_SHARD, n * count, out.dtype)
+        self.node_reduce_scatter(packed, part, dt, inside)
+        group = tuple(m[lv.local] for m in nodes)
+        c = self.across(group, 1 + lv.local, fingerprint("reduce_scatter", dt, n, op))
+        _ring.reduce_scatter(c, out, Blocks.of(part, count), reducer(dt, op), op.divisor(lv.nodes.world_size))
+
+    def barrier(self) -> None:
+        lv = self._lv
+        self.node_barrier()
+        if lv.local == 0:
+            _tree.barrier(self.across(lv.leaders, _LEADERS, fingerprint("barrier")))
+        self.node_barrier()
+
+
+def enable_two_levels(
+    group: ProcessGroup | None = None,
+    *,
+    places: Sequence[tuple[int, int]] | None = None,
+    node_transport: Transport | None = None,
+) -> str | None:
+    """Run the world group's collectives over two levels: inside each node, then between
+    nodes. ``init_process_group("auto")`` does this by itself for a job over several hosts;
+    call it for a world made otherwise. A collective of every rank.
+
+    Without arguments, the ranks find their nodes (the launchers' node numbers, else host
+    names) and open each node's shared memory through the world's store. With ``places``
+    (every rank's ``(node, local rank)``, the same list on every rank) and
+    ``node_transport`` (this rank's transport to its node's ranks, as local rank of them:
+    simulated nodes in tests), those are used. Returns the levels in words, or None where
+    there is no second level (one node, or one rank per node: the world stays flat).
+
+    Example (4 simulated ranks as 2 nodes of 2; ``inner[k]`` from
+    ``SimulatedTransport.create_group(2)`` for node k)::
+
+        enable_two_levels(places=[(0, 0), (0, 1), (1, 0), (1, 1)], node_transport=inner[rank // 2][rank % 2])
+    """
+    from ._state import resolve
+
+    world = resolve(group)
+    transport = world.transport
+    operation = "enable_two_levels"
+    if list(world.ranks) != list(range(transport.world_size)):
+        raise InvalidArgument(
+            f"rank {world.global_rank}: {operation}: only the world group runs over two levels, not group {world.name}",
+            rank=world.global_rank,
+            operation=operation,
+        )
+    if world._route.levels is not None:
+        return str(world._route.levels)
+    if places is None:
+        if node_transport is not None:
+            raise InvalidArgument(f"rank {world.global_rank}: {operation}: node_transport= needs places=")
+        found = enable(world)
+        return None if found is None else str(found)
+    nodes = Nodes.from_places(list(places))
+    if nodes.world_size != world.size:
+        raise InvalidArgument(
+            f"rank {world.global_rank}: {operation}: places lists {nodes.world_size} ranks, the world has {world.size}"
+        )
+    node, local = nodes.place(world.global_rank)
+    size = len(nodes.members[node])
+    if size > 1 and (node_transport is None or (node_transport.rank, node_transport.world_size) != (local, size)):
+        raise InvalidArgument(
+            f"rank {world.global_rank}: {operation}: this rank is local rank {local} of the {size} ranks of node "
+            f"{node}: node_transport must be that rank of {size}, not "
+            + ("None" if node_transport is None else f"rank {node_transport.rank} of {node_transport.world_size}")
+        )
+    levels = Levels(nodes, transport, world._runner.group_id, node_transport if size > 1 else None)
+    attach(world, levels)
+    return str(levels)
+
+
+def enable(world: ProcessGroup) -> Levels | None:
+    """Give ``world`` (the world group of a job over tcp) its two levels when its ranks span
+    several nodes and some node runs more than one: every rank learns where the ranks run
+    (``discover_nodes``), the ranks of each node open their shared memory through the
+    world's store, and all of them agree (a rank that could not makes every rank stay flat,
+    with a warning naming it). A collective of every rank; returns the levels, or None."""
+    nodes = discover_nodes(world)
+    if len(nodes.members) < 2 or max(len(m) for m in nodes.members) < 2:
+        _log.info("rank %d: %s: one rank per node, or one node: no second level", world.rank, nodes)
+        return None
+    node, local = nodes.place(world.rank)
+    size = len(nodes.members[node])
+    inner: Transport | None = None
+    why = ""
+    if size > 1:
+        try:
+            inner = ShmTransport.connect(
+                rank=local,
+                world_size=size,
+                master_addr="127.0.0.1",
+                rendezvous=_Prefixed(world.transport.store, f"ferrodist/levels/node{node}/", world.timeout),
+                timeout=min(world.timeout, _NODE_START),
+            )
+        except FerrodistError as exc:
+            why = f"{type(exc).__name__}: {exc}"
+    said: list[str] = [""] * world.size
+    all_gather_object(world, said, why)
+    failed = [(rank, text) for rank, text in enumerate(said) if text]
+    if failed:
+        if inner is not None:
+            inner.close()
+        rank, text = failed[0]
+        _log.warning(
+            "rank %d: the job spans %d nodes, but rank %d could not open its node's shared memory (%s): every "
+            "collective runs over tcp",
+            world.rank,
+            len(nodes.members),
+            rank,
+            text,
+        )
+        return None
+    levels = Levels(nodes, world.transport, world._runner.group_id, inner, nodes.hosts)
+    attach(world, levels)
+    return levels
+
+
+def attach(world: ProcessGroup, levels: Levels) -> None:
+    """Run ``world``'s collectives over ``levels`` from its next call on; its aborts reach the
+    node's steps (``Levels.bridge``)."""
+    runner = world._runner
+
+    def respond(error: FerrodistError, seq: int) -> None:
+        levels.bridge(error, seq)
+        runner._respond(error, seq)
+
+    world.transport.on_abort(runner.group_id, respond)
+    route = world._route
+    route.levels = levels
+    for table in (route._plans, route._known, route._bodies):  # plans made flat before
+        table.clear()
+    _log.info("rank %d: %s", world.rank, levels)
+
+
+class _Prefixed:
+    """The world's store seen by one node: every key under ``prefix``."""
+
+    def __init__(self, store: Any, prefix: str, timeout: float) -> None:
+        self._store, self._prefix, self._timeout = store, prefix, timeout
+
+    def get(self, key: str) -> bytes:
+        value: bytes = self._store.get(self._prefix + key, timeout=self._timeout)
+        return value
+
+    def set(self, key: str, value: bytes) -> None:
+        self._store.set(self._prefix + key, value)
