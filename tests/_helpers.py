@@ -69,41 +69,21 @@ def tcp_world(world_size: int, *, timeout: float = 30.0, token: bytes = b"test-t
     return transports
 
 
-def _ip(*args: str) -> None:
-    import subprocess
-
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
-def two_network_namespaces(tag: str, subnet: str):  # type: ignore[no-untyped-def]
+def two_network_namespaces(tag: str, subnet: str, *, rate: str | None = None, delay: str | None = None):  # type: ignore[no-untyped-def]
     """Two network namespaces joined by a veth pair, as two "hosts": a generator for a pytest
     fixture that yields ``[(namespace, device, address), ...]`` (``subnet``.1 and .2) and
-    deletes them afterwards. Skips the test without root or iproute2."""
-    import shutil
-    import subprocess
-
+    deletes them afterwards (``ferrodist.testing.two_hosts``; ``rate``/``delay`` shape the
+    link). Skips the test without root or iproute2."""
     import pytest
 
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        pytest.skip("needs root and iproute2 to make network namespaces")
-    tag = f"{tag}{os.getpid() % 100000}"
-    a, b = f"{tag}a", f"{tag}b"
+    from ferrodist.testing import NamespacesUnavailable, two_hosts
+
     try:
-        _ip("netns", "add", a)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"cannot create network namespaces here: {exc.stderr.decode().strip()}")
+        link = two_hosts(tag, subnet, rate=rate, delay=delay)
+        made = link.__enter__()
+    except NamespacesUnavailable as exc:
+        pytest.skip(str(exc))
     try:
-        _ip("netns", "add", b)
-        _ip("link", "add", f"{tag}x", "type", "veth", "peer", "name", f"{tag}y")
-        _ip("link", "set", f"{tag}x", "netns", a)
-        _ip("link", "set", f"{tag}y", "netns", b)
-        hosts = []
-        for ns, dev, addr in ((a, f"{tag}x", f"{subnet}.1"), (b, f"{tag}y", f"{subnet}.2")):
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-            hosts.append((ns, dev, addr))
-        yield hosts
+        yield [(h.namespace, h.device, h.address) for h in made.hosts]
     finally:
-        for ns in (a, b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        link.__exit__(None, None, None)

@@ -2,6 +2,7 @@
 testing distributed code (ferrodist's own tests use it; so can yours)."""
 
 from . import strategies
+from ._netns import Host, Link, NamespacesUnavailable, two_hosts
 from ._reference import (
     assert_reduced,
     reduce_values,
@@ -25,6 +26,9 @@ from ._reference import (
 from ._world import run_world
 
 __all__ = [
+    "Host",
+    "Link",
+    "NamespacesUnavailable",
     "assert_reduced",
     "reduce_values",
     "reduction_tolerance",
@@ -45,4 +49,5 @@ __all__ = [
     "ref_scatter_object_list",
     "run_world",
     "strategies",
+    "two_hosts",
 ]
