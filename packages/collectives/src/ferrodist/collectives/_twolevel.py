@@ -439,22 +439,52 @@ def enable_two_levels(
             raise InvalidArgument(f"rank {world.global_rank}: {operation}: node_transport= needs places=")
         found = enable(world)
         return None if found is None else str(found)
-    nodes = Nodes.from_places(list(places))
-    if nodes.world_size != world.size:
-        raise InvalidArgument(
-            f"rank {world.global_rank}: {operation}: places lists {nodes.world_size} ranks, the world has {world.size}"
+    nodes, why = _given(world, places, node_transport)
+    said: list[tuple[str, Any]] = [("", None)] * world.size
+    all_gather_object(world, said, (why, None if nodes is None else nodes.members))
+    bad = next(((rank, text) for rank, (text, _) in enumerate(said) if text), None)
+    if bad is None and any(members != said[0][1] for _, members in said):
+        bad = next(
+            (rank, f"its places {members} differ from rank 0's {said[0][1]}")
+            for rank, (_, members) in enumerate(said)
+            if members != said[0][1]
         )
-    node, local = nodes.place(world.global_rank)
+    if bad is not None:
+        rank, text = bad
+        raise InvalidArgument(
+            f"rank {world.global_rank}: {operation}: "
+            + (text if rank == world.global_rank else f"rank {rank}: {text}")
+            + "; every rank stays flat",
+            rank=world.global_rank,
+            operation=operation,
+        )
+    assert nodes is not None
+    node, _ = nodes.place(world.global_rank)
     size = len(nodes.members[node])
-    if size > 1 and (node_transport is None or (node_transport.rank, node_transport.world_size) != (local, size)):
-        raise InvalidArgument(
-            f"rank {world.global_rank}: {operation}: this rank is local rank {local} of the {size} ranks of node "
-            f"{node}: node_transport must be that rank of {size}, not "
-            + ("None" if node_transport is None else f"rank {node_transport.rank} of {node_transport.world_size}")
-        )
     levels = Levels(nodes, transport, world._runner.group_id, node_transport if size > 1 else None)
     attach(world, levels)
     return str(levels)
+
+
+def _given(
+    world: ProcessGroup, places: Sequence[tuple[int, int]], node_transport: Transport | None
+) -> tuple[Nodes | None, str]:
+    """The nodes ``places`` describe, or why they (or ``node_transport``) do not fit this rank."""
+    try:
+        nodes = Nodes.from_places(list(places))
+    except InvalidArgument as exc:
+        return None, str(exc)
+    if nodes.world_size != world.size:
+        return nodes, f"places lists {nodes.world_size} ranks, the world has {world.size}"
+    node, local = nodes.place(world.global_rank)
+    size = len(nodes.members[node])
+    if size > 1 and (node_transport is None or (node_transport.rank, node_transport.world_size) != (local, size)):
+        given = "None" if node_transport is None else f"rank {node_transport.rank} of {node_transport.world_size}"
+        return nodes, (
+            f"this rank is local rank {local} of the {size} ranks of node {node}: node_transport must be that "
+            f"rank of {size}, not {given}"
+        )
+    return nodes, ""
 
 
 def enable(world: ProcessGroup) -> Levels | None:
