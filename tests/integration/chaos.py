@@ -9,7 +9,10 @@ shared-memory chunks), and one fault: none, SIGKILL of
 a rank (before or in the middle of a call), SIGSTOP past the deadline, SIGSTOP well
 under it, an exception in a rank's own code, a delay under the deadline, a stranger
 (connections to every port of the job that stay silent or speak something else, during
-the start), or (by hand) a second process started as the same rank. A quarter of the
+the start), or (by hand) a second process started as the same rank. About a third of the
+schedules of 3 or 4 ranks run as two simulated nodes (ranks 0 and 1 on one, the rest on the
+other, by the variables a launcher per node sets) over the ``levels`` backend: shared
+memory inside each node, tcp between. A quarter of the
 schedules also run on a cold cache: an empty ``NUMBA_CACHE_DIR`` of their own, so that
 every kernel compiles in the background while the calls run their interpreted paths and
 then switch, whatever the fault.
@@ -88,7 +91,7 @@ def make_schedule(seed: int) -> dict[str, Any]:
         "after": rng.choice((0.0, 0.005, 0.05)),
         "seconds": {"stop": TIMEOUT + 1.5, "stop-short": 0.3, "delay": 0.3}.get(kind, 0.0),
     }
-    return {
+    schedule = {
         "seed": seed,
         "ranks": ranks,
         "backend": rng.choice(("shm", "tcp")),
@@ -98,8 +101,11 @@ def make_schedule(seed: int) -> dict[str, Any]:
         "groups": groups,
         "calls": calls,
         "fault": fault,
-        "cold": rng.random() < 0.25,  # drawn last: the draws above are those of earlier versions
+        "cold": rng.random() < 0.25,  # drawn after the others: the draws above are those of earlier versions
     }
+    if rng.random() < 0.3 and ranks >= 3:  # two simulated nodes (ranks 0-1 and the rest), started by hand
+        schedule.update(backend="levels", launch="hand", nodes=True)
+    return schedule
 
 
 def shm_files() -> set[str]:
@@ -129,10 +135,18 @@ def _start(schedule: dict[str, Any], outdir: Path) -> list[subprocess.Popen[byte
         ranks.append(schedule["fault"]["rank"])
     return [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), spec, str(outdir)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), **quiet
+            [sys.executable, str(SCRIPT), spec, str(outdir)], env=dict(env, RANK=str(r), **_place(schedule, r)), **quiet
         )
         for r in ranks
     ]
+
+
+def _place(schedule: dict[str, Any], rank: int) -> dict[str, str]:
+    """Where a rank started by hand says it runs: one node, or (``nodes``) ranks 0 and 1 on
+    node 0 and the others on node 1, as a launcher per node would say."""
+    if not schedule.get("nodes"):
+        return {"LOCAL_RANK": str(rank)}
+    return {"GROUP_RANK": str(min(rank // 2, 1)), "LOCAL_RANK": str(rank if rank < 2 else rank - 2)}
 
 
 def _alive(pid: int) -> bool:

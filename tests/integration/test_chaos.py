@@ -30,6 +30,7 @@ def test_random_faults_never_give_a_wrong_result_or_a_late_error(tmp_path):
         schedule = make_schedule(seed)
         key = f"{schedule['fault']['kind']}/{schedule['backend']}/{schedule['launch']}"
         key += "/cold" if schedule["cold"] else ""
+        key += "/nodes" if schedule.get("nodes") else ""
         kinds[key] = kinds.get(key, 0) + 1
         violations += run_schedule(schedule, tmp_path / f"s{seed}")
     took = time.monotonic() - started

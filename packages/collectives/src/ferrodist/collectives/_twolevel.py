@@ -343,6 +343,10 @@ class Steps:
         if lv.me in bridges:
             c = self.across(bridges, _LEADERS, fingerprint("reduce", dt, x.shape[0], op, at))
             _tree.reduce(c, buf, at, reducer(dt, op), op.divisor(lv.nodes.world_size))
+        # Every rank returns only once its node's bridge is through: a rank that only gave its
+        # part would otherwise return before the other nodes were in the call, and miss a
+        # failure of the call before.
+        self.node_barrier()
 
     def all_gather(self, x: Array, dt: DType, blocks: Blocks) -> None:
         """Inside the node, then the leaders swap their nodes' blocks, then inside again."""
