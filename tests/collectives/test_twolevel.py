@@ -130,6 +130,33 @@ def test_bfloat16_and_large_tensors_on_the_sharded_path(nodes):
         assert np.array_equal(y, (np.arange(count) % 7 + size - 1).astype(np.float32))
 
 
+def test_a_large_all_reduce_goes_in_pieces_each_with_its_three_steps(monkeypatch):
+    from ferrodist.collectives import _twolevel
+
+    monkeypatch.setattr(_twolevel, "PIECE_BYTES", 1024)  # 128 float64 per piece
+    monkeypatch.setattr(_twolevel, "SMALL_BYTES", 64)
+    count = 128 * 5 + 3 * 2 + 1  # five pieces, a shorter one, and a tail for the leaders
+    calls: list[int] = []
+    steps = _twolevel.Steps.node_reduce_scatter
+
+    def counted(self, inp, out, dt, op):  # type: ignore[no-untyped-def]
+        calls.append(inp.shape[0])
+        steps(self, inp, out, dt, op)
+
+    monkeypatch.setattr(_twolevel.Steps, "node_reduce_scatter", counted)
+
+    def step() -> np.ndarray:
+        x = _data(get_rank(), count, "float64")
+        all_reduce(x, "avg")
+        return x
+
+    results = run_world(4, step, nodes=[2, 2])
+    assert sorted(set(calls)) == [6, 128] and len(calls) == 4 * 6, calls
+    for x in results:
+        assert_reduced(x, [_data(r, count, "float64") for r in range(4)], "avg")
+        assert np.array_equal(x, results[0])
+
+
 def test_the_plan_says_levels_and_subgroups_stay_flat(capsys, monkeypatch):
     monkeypatch.setenv("FERRODIST_DEBUG", "route")
 

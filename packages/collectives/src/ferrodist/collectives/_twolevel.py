@@ -50,6 +50,10 @@ OPERATIONS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter
 #: all_reduce up to this many bytes goes through one rank per node (reduce inside, all_reduce
 #: of the leaders across, broadcast inside): fewer steps, and the link is not the limit.
 SMALL_BYTES = 64 * 1024
+#: A large all_reduce on nodes of equal size goes in pieces of at most this many bytes (each
+#: its three steps), so that what a step inside the node writes is still in cache when the
+#: next step reads it.
+PIECE_BYTES = 4 << 20
 _STEP_SHIFT = 20  # a step's number sits in bits 20..30 of the call-number field of its tag
 _LEADERS = 0x7FF  # the step number of the leaders' cross-node step
 #: Scratch slots of the steps (the algorithms use 0..2, the transport's own collectives 7).
@@ -291,13 +295,15 @@ class Steps:
             self._leaders_all_reduce(x, dt, op)
             return
         if lv.even:
-            each = n // size
-            main = each * size
-            shard = self._call.scratch.get(_SHARD, each, x.dtype)
-            self.node_reduce_scatter(x[:main], shard, dt, inside)
             group = tuple(m[lv.local] for m in lv.nodes.members)
-            self.across_all_reduce(shard, group, 1 + lv.local, dt, op)
-            self.node_all_gather(shard, x[:main], dt)
+            step = max(1, PIECE_BYTES // x.itemsize // size) * size  # elements per piece
+            main = n // size * size
+            for start in range(0, main, step):
+                piece = x[start : min(main, start + step)]
+                shard = self._call.scratch.get(_SHARD, piece.shape[0] // size, x.dtype)
+                self.node_reduce_scatter(piece, shard, dt, inside)
+                self.across_all_reduce(shard, group, 1 + lv.local, dt, op)
+                self.node_all_gather(shard, piece, dt)
             if main < n:
                 self._leaders_all_reduce(x[main:], dt, op)
             return
