@@ -160,6 +160,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "broadcast_object_list",
         "default_group",
         "destroy_process_group",
+        "enable_two_levels",
         "gather",
         "gather_object",
         "get_backend",
@@ -189,6 +190,9 @@ PUBLIC_API: dict[str, set[str]] = {
         "send_object_list",
     },
     "ferrodist.testing": {
+        "Host",
+        "Link",
+        "NamespacesUnavailable",
         "assert_reduced",
         "reduce_values",
         "reduction_tolerance",
@@ -209,6 +213,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "ref_scatter_object_list",
         "run_world",
         "strategies",
+        "two_hosts",
     },
     "ferrodist.ddp": {
         "DDP",
