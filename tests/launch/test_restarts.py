@@ -104,3 +104,39 @@ def test_every_node_restarts_when_a_rank_on_another_node_dies(tmp_path):
     assert sorted(row["rank"] for row in rows) == [0, 1]
     assert all(row["restart"] == 1 and row["start"] == 4 for row in rows)
     assert rows[0]["params"] == rows[1]["params"]  # the replicas agree after the restart
+
+
+def test_a_lost_node_is_waited_for_and_its_new_launcher_joins_the_restart(tmp_path):
+    """Node 1's launcher is killed (by its rank, at step 6 of the first start); node 0's
+    launcher restarts the job and waits for node 1; a launcher started again for node 1
+    joins that restart, and both ranks resume from the step-4 checkpoint and end as an
+    uninterrupted run does."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["FERRODIST_TOKEN"] = "lost-node-test"
+    checkpoint = tmp_path / "lost.ckpt"
+    job = ["--master-port", str(port), "-n", "1", "--max-restarts", "1", "--join-timeout", "60"]
+    job += [str(SCRIPT), str(checkpoint), "12", "4", "6", "launcher"]
+
+    def launcher(node: int) -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", "ferrodist.launch", "run", "--nnodes", "2", "--node-rank", str(node), *job]
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+    first, node0 = launcher(1), launcher(0)
+    lost = first.communicate(timeout=120)[0]
+    assert first.returncode == -9, lost
+    again = launcher(1)
+    outputs = [node0.communicate(timeout=120)[0], again.communicate(timeout=120)[0]]
+    assert [node0.returncode, again.returncode] == [0, 0], outputs
+    assert (
+        "restarting the job (1 of 1 restarts): every rank starts again with a new rendezvous; waiting up to "
+        "60 s for node 1's launcher" in outputs[0]
+    ), outputs[0]
+    rows = [json.loads(line.split("] ", 1)[1]) for out in outputs for line in out.splitlines() if '"params"' in line]
+    assert sorted(row["rank"] for row in rows) == [0, 1]
+    assert all(row["restart"] == 1 and row["start"] == 4 for row in rows), (
+        rows
+    )  # node 1's new launcher joined attempt 1
+    _, reference = ferrodist_run(tmp_path, kill=-1, name="whole")
+    for row in rows:
+        assert row["params"] == reference[row["rank"]]["params"]

@@ -167,7 +167,7 @@ class Hub(_Link):
         return list(self._members.values())
 
     # -- join ------------------------------------------------------------------------------------
-    def gather(self, deadline: float, stop_fd: int) -> Placement:
+    def gather(self, deadline: float, stop_fd: int, attempt: int = 0) -> Placement:
         """Wait for every node's launcher (until ``deadline``), then start the job: pick the
         port of rank 0's store and the job id, and tell every member; returns the placement of
         node 0's ranks.
@@ -234,10 +234,10 @@ class Hub(_Link):
             nodes.append(Node(k, host, pid, first, count))
             first += count
         self.nodes = tuple(nodes)
-        start = {"job": job, "master_port": ranks_port, "nodes": [asdict(n) for n in nodes]}
+        start = {"job": job, "master_port": ranks_port, "nodes": [asdict(n) for n in nodes], "attempt": attempt}
         for ch in self._members.values():
             ch.send("start", **start)
-        return place(self.nodes, 0, self.master_addr, ranks_port, self._token.decode(), job)
+        return place(self.nodes, 0, self.master_addr, ranks_port, self._token.decode(), job, attempt)
 
     def _never_arrived(self, missing: list[int], arrived: list[int]) -> str:
         who = f"node {missing[0]}" if len(missing) == 1 else f"nodes {missing}"
@@ -481,7 +481,8 @@ class Member(_Link):
                 if message.get("kind") == "start":
                     nodes = tuple(Node(**n) for n in message["nodes"])  # type: ignore[attr-defined]
                     job, port = str(message["job"]), int(message["master_port"])  # type: ignore[call-overload]
-                    return place(nodes, self.node, master_addr, port, self._token.decode(), job)
+                    attempt = int(message.get("attempt", 0))  # type: ignore[call-overload]
+                    return place(nodes, self.node, master_addr, port, self._token.decode(), job, attempt)
             if self._hub.closed:
                 raise NodeFailure(
                     f"ferrodist run: {where} closed the connection before the job started (see its output)", node=0

@@ -24,10 +24,15 @@ class Placement:
     token: str
     job: str
     nodes: tuple[Node, ...] = ()
+    #: which start of the job this is (0, then one more at each restart), as node 0 says
+    attempt: int = 0
 
 
-def place(nodes: tuple[Node, ...], node_rank: int, addr: str, port: int, token: str, job: str) -> Placement:
+def place(
+    nodes: tuple[Node, ...], node_rank: int, addr: str, port: int, token: str, job: str, attempt: int = 0
+) -> Placement:
     """The placement of node ``node_rank``'s ranks in a job of ``nodes``."""
     me = nodes[node_rank]
     world = sum(n.count for n in nodes)
-    return Placement(node_rank, len(nodes), me.first, me.count, world, addr, port, rank_token(token, job), job, nodes)
+    token = rank_token(token, job)
+    return Placement(node_rank, len(nodes), me.first, me.count, world, addr, port, token, job, nodes, attempt)

@@ -117,12 +117,15 @@ def run(
     in its environment. A failure on any node, or a launcher lost, stops every node's ranks
     (see ``_nodes``); every launcher prints the same summary and returns the same exit code.
 
-    ``max_restarts``: when a rank fails (on any node), start the whole job again, with a new
-    rendezvous (port, token, job id), up to this many times. Every launcher of the job must
-    be given the same number; each restart tells the ranks which one it is in
-    ``FERRODIST_RESTART_COUNT`` (and ``TORCHELASTIC_RESTART_COUNT``, as torchrun does), so a
-    script resumes from its last checkpoint (``ferrodist.ddp.resume_checkpoint``). A
-    launcher interrupted by a signal, or a node lost, ends the job without a restart.
+    ``max_restarts``: when a rank fails or a node's launcher is lost (on any node), start
+    the whole job again, with a new rendezvous (port, token, job id), up to this many times.
+    Every launcher of the job must be given the same number; each restart tells the ranks
+    which one it is in ``FERRODIST_RESTART_COUNT`` (and ``TORCHELASTIC_RESTART_COUNT``, as
+    torchrun does), so a script resumes from its last checkpoint
+    (``ferrodist.ddp.resume_checkpoint``). After a lost node the others wait up to
+    ``join_timeout`` for a launcher started again with that ``node_rank`` (it joins the
+    restart in progress). A launcher interrupted by a signal, or a node that never arrived,
+    ends the job without a restart.
 
     Call it from a thread that lives until it returns: the ranks die with the thread that
     started them (``PR_SET_PDEATHSIG``).
@@ -158,15 +161,17 @@ def run(
     try:
         restart = 0
         while True:
-            env = dict(extra_env or {}, FERRODIST_RESTART_COUNT=str(restart), TORCHELASTIC_RESTART_COUNT=str(restart))
             where = (nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence)
-            result = _attempt(*where, argv, console, signals, grace, log_dir, env)
-            if result.exit_code == 0 or result.failed_rank is None or restart == max_restarts or signals.seen:
+            result, restart, started = _attempt(*where, argv, console, signals, grace, log_dir, extra_env, restart)
+            lost = started and result.failed_rank is None and result.failed_node is not None
+            failed = result.failed_rank is not None or lost
+            if result.exit_code == 0 or not failed or restart >= max_restarts or signals.seen:
                 return result
             restart += 1
+            wait = f"; waiting up to {join_timeout:g} s for node {result.failed_node}'s launcher" if lost else ""
             console.line(
                 f"ferrodist run: restarting the job ({restart} of {max_restarts} restarts): every rank starts "
-                "again with a new rendezvous"
+                f"again with a new rendezvous{wait}"
             )
     finally:
         signals.close()
@@ -186,10 +191,12 @@ def _attempt(
     signals: _Signals,
     grace: float,
     log_dir: str | None,
-    env: dict[str, str],
-) -> JobResult:
-    """One start of the job: place this node's ranks (alone, or meeting the other nodes'
-    launchers), run them, and return the verdict."""
+    extra_env: dict[str, str] | None,
+    attempt: int,
+) -> tuple[JobResult, int, bool]:
+    """Start ``attempt`` of the job: place this node's ranks (alone, or meeting the other
+    nodes' launchers; a member takes node 0's attempt number, as a launcher that replaces a
+    lost node must), run them; the verdict, the attempt it was, and whether the ranks ran."""
     link: Hub | Member | None = None
     try:
         if nnodes == 1:
@@ -203,16 +210,28 @@ def _attempt(
                 master_port or free_port(master_addr),
                 secrets.token_hex(32),
                 secrets.token_hex(6),  # names the job's shared-memory files, so they can be removed
+                attempt=attempt,
             )
         else:
             try:
                 link, placement = _join(
-                    nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence, signals.fd
+                    nprocs,
+                    nnodes,
+                    node_rank,
+                    master_addr,
+                    master_port,
+                    token,
+                    join_timeout,
+                    silence,
+                    signals.fd,
+                    attempt,
                 )
             except NodeFailure as failure:
                 console.line(failure.summary)
-                return JobResult(failure.exit_code, None, (), (), failure.summary, failure.node)
-        return _run_ranks(placement, argv, console, signals, link, grace, log_dir, env)
+                return JobResult(failure.exit_code, None, (), (), failure.summary, failure.node), attempt, False
+        count = str(placement.attempt)
+        env = dict(extra_env or {}, FERRODIST_RESTART_COUNT=count, TORCHELASTIC_RESTART_COUNT=count)
+        return _run_ranks(placement, argv, console, signals, link, grace, log_dir, env), placement.attempt, True
     finally:
         if link is not None:
             link.close()
@@ -246,6 +265,7 @@ def _join(
     join_timeout: float,
     silence: float,
     stop_fd: int,
+    attempt: int = 0,
 ) -> tuple[Hub | Member, Placement]:
     """Meet the other nodes' launchers (see ``_nodes``): this node's link and placement."""
     port = master_port or DEFAULT_NODES_PORT
@@ -253,7 +273,7 @@ def _join(
     if node_rank == 0:
         hub = Hub(master_addr, port, nnodes=nnodes, nprocs=nprocs, token=token, silence=silence)
         try:
-            return hub, hub.gather(deadline, stop_fd)
+            return hub, hub.gather(deadline, stop_fd, attempt)
         except BaseException:
             hub.close()
             raise
