@@ -87,3 +87,16 @@ def two_network_namespaces(tag: str, subnet: str, *, rate: str | None = None, de
         yield [(h.namespace, h.device, h.address) for h in made.hosts]
     finally:
         link.__exit__(None, None, None)
+
+
+def communicate_all(procs, timeout: float) -> list[str]:  # type: ignore[no-untyped-def]
+    """Each process's output (stdout, text) once it exits, within ``timeout`` seconds each;
+    every process is killed afterwards, whatever happened."""
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    return outputs

@@ -244,18 +244,26 @@ def _failing(fault_rank: int, fault: str, count: int, start: threading.Barrier) 
     return outcome
 
 
-@pytest.mark.parametrize("count", [10, SMALL_BYTES // 8 * 2])
-def test_a_rank_that_dies_fails_every_rank_naming_it_and_its_node(count):
-    """Rank 3 dies (its transports close, as a killed process's sockets do) instead of
-    calling; on the leaders' path and on the sharded one."""
+def _outcomes(fault_rank: int, fault: str, count: int, timeout: float) -> dict[int, object]:
+    """Every rank's outcomes of ``_failing`` on 2 simulated nodes of 2 ranks."""
     seen: dict[int, object] = {}
     start = threading.Barrier(4)
 
     def step() -> None:
-        seen[get_rank()] = _failing(3, "dies", count, start)
+        seen[get_rank()] = _failing(fault_rank, fault, count, start)
 
-    with pytest.raises(RuntimeError, match="rank 3 dies"):
-        run_world(4, step, nodes=[2, 2], timeout=5)
+    try:
+        run_world(4, step, nodes=[2, 2], timeout=timeout)
+    except RuntimeError as exc:
+        assert fault == "dies" and f"rank {fault_rank} dies" in str(exc)
+    return seen
+
+
+@pytest.mark.parametrize("count", [10, SMALL_BYTES // 8 * 2])
+def test_a_rank_that_dies_fails_every_rank_naming_it_and_its_node(count):
+    """Rank 3 dies (its transports close, as a killed process's sockets do) instead of
+    calling; on the leaders' path and on the sharded one."""
+    seen = _outcomes(3, "dies", count, 5)
     for rank in (0, 1, 2):
         (first, took), (second, _) = seen[rank]
         assert isinstance(first, FerrodistError), (rank, first)
@@ -268,13 +276,7 @@ def test_a_rank_that_dies_fails_every_rank_naming_it_and_its_node(count):
 
 
 def test_a_rank_that_stays_away_times_out_every_rank_within_the_deadline_and_is_blamed():
-    seen: dict[int, object] = {}
-    start = threading.Barrier(4)
-
-    def step() -> None:
-        seen[get_rank()] = _failing(1, "absent", 10, start)
-
-    run_world(4, step, nodes=[2, 2], timeout=2)
+    seen = _outcomes(1, "absent", 10, 2)
     for rank in (0, 2, 3):
         (first, took), (second, _) = seen[rank]
         assert isinstance(first, CollectiveTimeout), (rank, first)
@@ -284,13 +286,7 @@ def test_a_rank_that_stays_away_times_out_every_rank_within_the_deadline_and_is_
 
 
 def test_ranks_in_different_calls_raise_a_mismatch_on_every_rank():
-    seen: dict[int, object] = {}
-    start = threading.Barrier(4)
-
-    def step() -> None:
-        seen[get_rank()] = _failing(2, "mismatch", 10, start)
-
-    run_world(4, step, nodes=[2, 2], timeout=5)
+    seen = _outcomes(2, "mismatch", 10, 5)
     for rank in range(4):
         (first, took), _ = seen[rank]
         assert isinstance(first, FerrodistError), (rank, first)

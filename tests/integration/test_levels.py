@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import free_port, two_network_namespaces
+from _helpers import communicate_all, free_port, two_network_namespaces
 
 pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
 
@@ -37,13 +37,7 @@ def _launchers(counts: list[int], prefixes: list[list[str]], master: str, envs: 
                 [*prefix, *argv], env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
         )
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=120)[0])
-    finally:
-        for proc in procs:
-            proc.kill()
+    outputs = communicate_all(procs, 120)
     assert [p.returncode for p in procs] == [0] * len(procs), outputs
     return outputs
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import two_network_namespaces
+from _helpers import communicate_all, two_network_namespaces
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -44,13 +44,7 @@ def test_a_job_across_two_network_stacks(two_hosts):
         procs.append(
             subprocess.Popen(command, env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         )
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=240)[0])
-    finally:
-        for proc in procs:
-            proc.kill()
+    outputs = communicate_all(procs, 240)
     for rank, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
         assert proc.returncode == 0, out
         assert f"rank {rank} of 2:" in out and "cases passed over tcp" in out
