@@ -411,7 +411,8 @@ def test_a_child_that_fails_gives_its_last_error_line():
             "levels",
         ),
         ({"PMI_RANK": "0", "PMI_SIZE": "3", "MPI_LOCALNRANKS": "3"}, "mpi"),
-        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "MASTER_ADDR": "h"}, "levels"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "MASTER_ADDR": "h"}, "tcp"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NODEID": "1", "MASTER_ADDR": "h"}, "levels"),
     ],
 )
 def test_the_doctor_shows_init_process_groups_own_pick(env, backend):

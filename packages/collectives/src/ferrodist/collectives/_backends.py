@@ -25,6 +25,8 @@ from ferrodist.transport import (
     launch_info,
 )
 
+from ._levels import NODE_VARIABLES
+
 #: Backends ``init_process_group`` can start ("auto" picks one; "gloo" is a name for "auto";
 #: "nccl" is "auto" with CUDA tensors through NCCL). "levels" is tcp between nodes and
 #: shared memory inside each (see ``_twolevel``).
@@ -190,18 +192,23 @@ def auto_backend(env: Mapping[str, str] | None = None) -> tuple[str, str, Launch
     where no launcher placed the process). ``InvalidArgument`` where the launcher's
     variables do not add up."""
     info = launch_info(env)
-    backend, why = _auto(info, None, None, None)
+    backend, why = _auto(info, None, None, None, env)
     return backend, why, info
 
 
 def _auto(
-    info: LaunchInfo | None, rank: int | None, world_size: int | None, init_method: str | None
+    info: LaunchInfo | None,
+    rank: int | None,
+    world_size: int | None,
+    init_method: str | None,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[str, str]:
     """mpi under mpiexec (when mpi4py is there and no master address is given), shm when the
     launcher says every rank is on this host (``ferrodist run``, torchrun and mpiexec say how
-    many ranks run here), levels for any other job of several ranks (shared memory inside
-    each node and tcp between; flat tcp where each node runs one rank), else a simulated
-    world of one; and why."""
+    many ranks run here), levels when it says they span hosts (it says how many run here,
+    or which node this is: ``GROUP_RANK``, ``NODE_RANK``, ``SLURM_NODEID``; shared memory
+    inside each node and tcp between, flat tcp where each node runs one rank), tcp for any
+    other job of several ranks, else a simulated world of one; and why."""
     size = world_size if world_size is not None else (info.world_size if info else 1)
     if info is not None and info.under_mpi and init_method is None and info.master_addr is None:
         try:
@@ -214,10 +221,11 @@ def _auto(
         return "simulated", "a world of one" if info is not None else "no launcher variables: a world of one"
     if info is not None and info.single_host and world_size in (None, info.world_size):
         return "shm", "every rank on this host"
-    return "levels", (
-        "ranks on several hosts, or the launcher does not say how many run here: shared memory inside each node, "
-        "tcp between nodes"
-    )
+    env = os.environ if env is None else env
+    said = info is not None and (info.local_world_size is not None or any(env.get(v) for v in NODE_VARIABLES))
+    if said and world_size in (None, info.world_size if info else None):
+        return "levels", "ranks on several hosts: shared memory inside each node, tcp between nodes"
+    return "tcp", "the launcher does not say how many ranks run on this host, or which node"
 
 
 def _mpi_transport(info: LaunchInfo | None, rank: int | None, world_size: int | None, timeout: float) -> Transport:
