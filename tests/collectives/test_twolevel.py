@@ -42,9 +42,9 @@ from ferrodist.testing import assert_reduced, run_world
 
 NODES = st.lists(st.integers(1, 3), min_size=2, max_size=3)  # ranks per node, at least two nodes
 OPS = ("sum", "avg", "max", "product")
-#: counts on the leaders' path, below the number of shards, a tail past equal shards, and
-#: the sharded path (float64: 8 bytes each)
-COUNTS = (1, 2, 7, 1001, SMALL_BYTES // 8 + 5)
+#: counts below the number of shards, on the pairs' path (up to 16 KiB), on the leaders' path,
+#: and on the sharded path (float64: 8 bytes each)
+COUNTS = (1, 2, 7, 1001, 5001, SMALL_BYTES // 8 + 5)
 
 
 def _data(rank: int, count: int, dtype: str, salt: int = 0) -> np.ndarray:
@@ -155,6 +155,32 @@ def test_a_large_all_reduce_goes_in_pieces_each_with_its_three_steps(monkeypatch
     for x in results:
         assert_reduced(x, [_data(r, count, "float64") for r in range(4)], "avg")
         assert np.array_equal(x, results[0])
+
+
+@pytest.mark.parametrize(
+    ("nodes", "count", "path"), [([2, 2], 100, "pairs"), ([2, 2], 3000, "leaders"), ([2, 1], 100, "leaders")]
+)
+def test_small_all_reduces_go_by_pairs_up_to_16_kib_on_equal_nodes(monkeypatch, nodes, count, path):
+    from ferrodist.collectives import _twolevel
+
+    seen: list[str] = []
+    for name in ("node_reduce", "node_all_reduce"):
+        original = getattr(_twolevel.Steps, name)
+
+        def spy(self, *args, _original=original, _name=name):  # type: ignore[no-untyped-def]
+            seen.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(_twolevel.Steps, name, spy)
+
+    def step() -> np.ndarray:
+        x = np.full(count, get_rank() + 1.0)
+        all_reduce(x)
+        return x
+
+    size = sum(nodes)
+    assert all((x == size * (size + 1) / 2).all() for x in run_world(size, step, nodes=nodes))
+    assert set(seen) == {"node_all_reduce" if path == "pairs" else "node_reduce"}, seen
 
 
 def test_the_plan_says_levels_and_subgroups_stay_flat(capsys, monkeypatch):

@@ -55,7 +55,7 @@ def test_two_launchers_on_one_machine_run_every_collective_over_two_levels(count
     for rank, line in said.items():
         alone = counts[1] == 1 and rank == sum(counts) - 1
         expected = "inner=None arena=no" if alone else "inner=ShmTransport arena=yes"
-        assert f"backend=levels {expected} checks=64" in line, line
+        assert f"backend=levels {expected} checks=67" in line, line
 
 
 @pytest.mark.timeout(180)
@@ -65,4 +65,4 @@ def test_nodes_in_network_namespaces_over_a_shaped_link():
         envs = [{"FERRODIST_SOCKET_IFNAME": dev} for _, dev, _ in hosts]
         said = _said(_launchers([2, 2], prefixes, hosts[0][2], envs))
         assert sorted(said) == [0, 1, 2, 3]
-        assert all("backend=levels inner=ShmTransport arena=yes checks=64" in line for line in said.values()), said
+        assert all("backend=levels inner=ShmTransport arena=yes checks=67" in line for line in said.values()), said

@@ -1,7 +1,7 @@
 """Run under `ferrodist run -n 2 [--max-restarts N]`: DDP training that saves a checkpoint
 every EVERY steps and resumes from the last one when it starts again. On the first start
 only (FERRODIST_RESTART_COUNT=0), rank 1 kills itself (SIGKILL) at step KILL (-1: never),
-or, with WHAT = launcher, kills its launcher (a lost node: the rank dies with it).
+or, with WHAT = launcher, kills its launcher first (a lost node).
 The data of a step depends on the step and the rank only, so a resumed run sees what an
 uninterrupted one sees. Prints one JSON line per rank: where it started, the restart count
 and the final parameters.
@@ -23,7 +23,7 @@ from ferrodist import nn
 from ferrodist.ddp import DDP, resume_checkpoint, save_checkpoint
 
 checkpoint, steps, every, kill = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-victim = os.getppid() if sys.argv[5:] == ["launcher"] else os.getpid()
+launcher = sys.argv[5:] == ["launcher"]
 restart = int(os.environ["FERRODIST_RESTART_COUNT"])
 group = dist.init_process_group(timeout=30)
 model = DDP(nn.Sequential(nn.Linear(4, 16, rng=0), nn.Tanh(), nn.Linear(16, 1, rng=1)))
@@ -32,7 +32,9 @@ loss_fn = nn.MSELoss()
 start = resume_checkpoint(checkpoint, model, opt) or 0
 for step in range(start, steps):
     if step == kill and group.rank == 1 and restart == 0:
-        os.kill(victim, signal.SIGKILL)
+        if launcher:
+            os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # at once, as the node would go: no step after this one
     rng = np.random.default_rng(1000 * step + group.rank)
     x = rng.standard_normal((8, 4))
     opt.zero_grad()

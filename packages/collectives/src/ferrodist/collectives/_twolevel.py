@@ -47,9 +47,13 @@ _NODE_START = 120.0
 
 #: The operations the two levels run (the others run flat over the world's transport).
 OPERATIONS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier")
-#: all_reduce up to this many bytes goes through one rank per node (reduce inside, all_reduce
-#: of the leaders across, broadcast inside): fewer steps, and the link is not the limit.
+#: all_reduce up to this many bytes is not cut into shards: it goes through local rank 0 of
+#: each node (reduce inside, all_reduce of those across, broadcast inside), or up to
+#: ``PAIRS_BYTES`` on nodes of equal size, an all_reduce inside the node and then each local
+#: rank's with its peers on the other nodes (one wake-up less on the way; every byte crosses
+#: the link once per local rank).
 SMALL_BYTES = 64 * 1024
+PAIRS_BYTES = 16 * 1024
 #: A large all_reduce on nodes of equal size goes in pieces of at most this many bytes (each
 #: its three steps), so that what a step inside the node writes is still in cache when the
 #: next step reads it.
@@ -315,8 +319,15 @@ class Steps:
             self.node_broadcast(x[plan.span(s)], plan.node_ranks.index(plan.owners[s]), dt)
 
     def _leaders_all_reduce(self, x: Array, dt: DType, op: ReduceOp) -> None:
-        """Reduce to local rank 0, all_reduce of the leaders across nodes, broadcast inside."""
+        """Reduce to local rank 0, all_reduce of those across nodes, broadcast inside; up to
+        ``PAIRS_BYTES`` on nodes of equal size, an all_reduce inside the node, then every local
+        rank all_reduces the node's sum with the same local rank of the other nodes (the same
+        bits everywhere: every such group reduces the same values in the same order)."""
         lv = self._lv
+        if lv.even and x.nbytes <= PAIRS_BYTES:
+            self.node_all_reduce(x, dt, ReduceOp.SUM if op is ReduceOp.AVG else op)
+            self.across_all_reduce(x, tuple(m[lv.local] for m in lv.nodes.members), _LEADERS, dt, op)
+            return
         self.node_reduce(x, 0, dt, ReduceOp.SUM if op is ReduceOp.AVG else op)
         if lv.local == 0:
             self.across_all_reduce(x, lv.leaders, _LEADERS, dt, op)
