@@ -112,6 +112,8 @@ def run_mpi(link: Link, payload: str, ranks: int, out: str, workdir: str) -> Non
     # Ranks that wait by yielding the core, as ferrodist's do (this machine may have fewer
     # cores than ranks); --oversubscribe would put every rank on the first node.
     argv = [str(mpiexec), "--allow-run-as-root", "-n", str(2 * ranks), "--mca", "mpi_yield_when_idle", "1"]
+    if ranks > (os.cpu_count() or 1):
+        argv += ["--bind-to", "none"]  # more ranks on a node than cores: Open MPI refuses to bind them
     argv += ["--host", ",".join(f"{h.address}:{ranks}" for h in link.hosts), "--mca", "plm_rsh_agent", str(agent)]
     argv += ["--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet, "-x", "PATH"]
     argv += [sys.executable, "-m", "ferrodist.launch._bench_worker", "mpi4py", out, payload]
