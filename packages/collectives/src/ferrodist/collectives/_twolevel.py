@@ -366,9 +366,27 @@ class Steps:
         self.node_barrier()
 
     def all_gather(self, x: Array, dt: DType, blocks: Blocks) -> None:
-        """Inside the node, then the leaders swap their nodes' blocks, then inside again."""
+        """Nodes of equal size: every local rank swaps its block with the same local rank of
+        the other nodes (a stream each), then an all-gather inside the node of what each
+        holds. Else: inside the node, then local ranks 0 swap their nodes' blocks, then a
+        broadcast inside."""
         lv, n = self._lv, x.shape[0]
         nodes, scratch = lv.nodes.members, self._call.scratch
+        if lv.even:
+            count, size = len(nodes), len(lv.members)
+            held = scratch.get(_REMOTE, count * n, x.dtype)  # node k's block of this local rank, by k
+            held[lv.node * n : (lv.node + 1) * n] = x
+            c = self.across(tuple(m[lv.local] for m in nodes), _LEADERS, fingerprint("all_gather", dt, n))
+            others = [k for k in range(count) if k != lv.node]
+            pending = [c.irecv(held[k * n : (k + 1) * n], k) for k in others]
+            c.wait_all(pending + [c.isend(x, k) for k in others])
+            everything = scratch.get(_NODE_BLOCKS, size * count * n, x.dtype)
+            self.node_all_gather(held, everything, dt)
+            for j in range(size):
+                for k in range(count):
+                    start = (j * count + k) * n
+                    blocks[nodes[k][j]][...] = everything[start : start + n]
+            return
         mine = scratch.get(_NODE_BLOCKS, n * len(lv.members), x.dtype)
         self.node_all_gather(x, mine, dt)
         others = [k for k in range(len(nodes)) if k != lv.node]
