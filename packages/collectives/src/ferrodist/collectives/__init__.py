@@ -57,7 +57,7 @@ from ._torchnames import (
     reduce_scatter_single,
     send_object_list,
 )
-from ._twolevel import enable_two_levels
+from ._twolevel_start import enable_two_levels
 from ._work import Work
 
 __all__ = [

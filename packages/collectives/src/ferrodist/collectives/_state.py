@@ -14,7 +14,7 @@ from typing import Any
 from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, NotInitialized
 from ferrodist.transport import DEFAULT_TIMEOUT, MpiTransport, ShmTransport, SimulatedTransport, TcpTransport, Transport
 
-from . import _twolevel
+from . import _twolevel_start
 from ._backends import make_transport
 from ._debug import enabled_by_environment
 from ._device import requested_route
@@ -181,7 +181,7 @@ def _two_levels(world: ProcessGroup) -> None:
     """The world of a job over several nodes: its two levels (a collective of every rank);
     on failure, the world is closed and the error raised."""
     try:
-        _twolevel.enable(world)
+        _twolevel_start.enable(world)
     except BaseException as exc:
         world._shutdown(1.0)
         world.transport.close()

@@ -1,0 +1,190 @@
+"""Starting the two levels of a world (``_twolevel``): from the launchers' placement, or
+from places and node transports given (simulated nodes), agreed over the world before any
+rank switches, and attached to the world's route and abort watcher."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ferrodist.core import FerrodistError, InvalidArgument
+from ferrodist.transport import ShmTransport, Transport
+
+from ._levels import Nodes, discover_nodes
+from ._objects import all_gather_object
+from ._twolevel import Levels
+
+if TYPE_CHECKING:
+    from ._group import ProcessGroup
+
+__all__ = ["attach", "enable", "enable_two_levels"]
+
+_log = logging.getLogger("ferrodist.collectives")
+#: The longest a node's ranks wait for each other to open their shared memory.
+_NODE_START = 120.0
+
+
+def enable_two_levels(
+    group: ProcessGroup | None = None,
+    *,
+    places: Sequence[tuple[int, int]] | None = None,
+    node_transport: Transport | None = None,
+) -> str | None:
+    """Run the world group's collectives over two levels: inside each node, then between
+    nodes. ``init_process_group("auto")`` does this by itself for a job over several hosts;
+    call it for a world made otherwise. A collective of every rank.
+
+    Without arguments, the ranks find their nodes (the launchers' node numbers, else host
+    names) and open each node's shared memory through the world's store. With ``places``
+    (every rank's ``(node, local rank)``, the same list on every rank) and
+    ``node_transport`` (this rank's transport to its node's ranks, as local rank of them:
+    simulated nodes in tests), those are used. Returns the levels in words, or None where
+    there is no second level (one node, or one rank per node: the world stays flat).
+
+    Example (4 simulated ranks as 2 nodes of 2; ``inner[k]`` from
+    ``SimulatedTransport.create_group(2)`` for node k)::
+
+        enable_two_levels(places=[(0, 0), (0, 1), (1, 0), (1, 1)], node_transport=inner[rank // 2][rank % 2])
+    """
+    from ._state import resolve
+
+    world = resolve(group)
+    transport = world.transport
+    operation = "enable_two_levels"
+    if list(world.ranks) != list(range(transport.world_size)):
+        raise InvalidArgument(
+            f"rank {world.global_rank}: {operation}: only the world group runs over two levels, not group {world.name}",
+            rank=world.global_rank,
+            operation=operation,
+        )
+    if world._route.levels is not None:
+        return str(world._route.levels)
+    if places is None:
+        if node_transport is not None:
+            raise InvalidArgument(f"rank {world.global_rank}: {operation}: node_transport= needs places=")
+        found = enable(world)
+        return None if found is None else str(found)
+    nodes, why = _given(world, places, node_transport)
+    said: list[tuple[str, Any]] = [("", None)] * world.size
+    all_gather_object(world, said, (why, None if nodes is None else nodes.members))
+    bad = next(((rank, text) for rank, (text, _) in enumerate(said) if text), None)
+    if bad is None and any(members != said[0][1] for _, members in said):
+        bad = next(
+            (rank, f"its places {members} differ from rank 0's {said[0][1]}")
+            for rank, (_, members) in enumerate(said)
+            if members != said[0][1]
+        )
+    if bad is not None:
+        rank, text = bad
+        raise InvalidArgument(
+            f"rank {world.global_rank}: {operation}: "
+            + (text if rank == world.global_rank else f"rank {rank}: {text}")
+            + "; every rank stays flat",
+            rank=world.global_rank,
+            operation=operation,
+        )
+    assert nodes is not None
+    node, _ = nodes.place(world.global_rank)
+    size = len(nodes.members[node])
+    levels = Levels(nodes, transport, world._runner.group_id, node_transport if size > 1 else None)
+    attach(world, levels)
+    return str(levels)
+
+
+def _given(
+    world: ProcessGroup, places: Sequence[tuple[int, int]], node_transport: Transport | None
+) -> tuple[Nodes | None, str]:
+    """The nodes ``places`` describe, or why they (or ``node_transport``) do not fit this rank."""
+    try:
+        nodes = Nodes.from_places(list(places))
+    except InvalidArgument as exc:
+        return None, str(exc)
+    if nodes.world_size != world.size:
+        return nodes, f"places lists {nodes.world_size} ranks, the world has {world.size}"
+    node, local = nodes.place(world.global_rank)
+    size = len(nodes.members[node])
+    if size > 1 and (node_transport is None or (node_transport.rank, node_transport.world_size) != (local, size)):
+        given = "None" if node_transport is None else f"rank {node_transport.rank} of {node_transport.world_size}"
+        return nodes, (
+            f"this rank is local rank {local} of the {size} ranks of node {node}: node_transport must be that "
+            f"rank of {size}, not {given}"
+        )
+    return nodes, ""
+
+
+def enable(world: ProcessGroup) -> Levels | None:
+    """Give ``world`` (the world group of a job over tcp) its two levels when its ranks span
+    several nodes and some node runs more than one: every rank learns where the ranks run
+    (``discover_nodes``), the ranks of each node open their shared memory through the
+    world's store, and all of them agree (a rank that could not makes every rank stay flat,
+    with a warning naming it). A collective of every rank; returns the levels, or None."""
+    nodes = discover_nodes(world)
+    if len(nodes.members) < 2 or max(len(m) for m in nodes.members) < 2:
+        _log.info("rank %d: %s: one rank per node, or one node: no second level", world.rank, nodes)
+        return None
+    node, local = nodes.place(world.rank)
+    size = len(nodes.members[node])
+    inner: Transport | None = None
+    why = ""
+    if size > 1:
+        try:
+            inner = ShmTransport.connect(
+                rank=local,
+                world_size=size,
+                master_addr="127.0.0.1",
+                rendezvous=_Prefixed(world.transport.store, f"ferrodist/levels/node{node}/", world.timeout),
+                timeout=min(world.timeout, _NODE_START),
+            )
+        except FerrodistError as exc:
+            why = f"{type(exc).__name__}: {exc}"
+    said: list[str] = [""] * world.size
+    all_gather_object(world, said, why)
+    failed = [(rank, text) for rank, text in enumerate(said) if text]
+    if failed:
+        if inner is not None:
+            inner.close()
+        rank, text = failed[0]
+        _log.warning(
+            "rank %d: the job spans %d nodes, but rank %d could not open its node's shared memory (%s): every "
+            "collective runs over tcp",
+            world.rank,
+            len(nodes.members),
+            rank,
+            text,
+        )
+        return None
+    levels = Levels(nodes, world.transport, world._runner.group_id, inner, nodes.hosts)
+    attach(world, levels)
+    return levels
+
+
+def attach(world: ProcessGroup, levels: Levels) -> None:
+    """Run ``world``'s collectives over ``levels`` from its next call on; its aborts reach the
+    node's steps (``Levels.bridge``)."""
+    runner = world._runner
+
+    def respond(error: FerrodistError, seq: int) -> None:
+        levels.bridge(error, seq)
+        runner._respond(error, seq)
+
+    world.transport.on_abort(runner.group_id, respond)
+    route = world._route
+    route.levels = levels
+    for table in (route._plans, route._known, route._bodies):  # plans made flat before
+        table.clear()
+    _log.info("rank %d: %s", world.rank, levels)
+
+
+class _Prefixed:
+    """The world's store seen by one node: every key under ``prefix``."""
+
+    def __init__(self, store: Any, prefix: str, timeout: float) -> None:
+        self._store, self._prefix, self._timeout = store, prefix, timeout
+
+    def get(self, key: str) -> bytes:
+        value: bytes = self._store.get(self._prefix + key, timeout=self._timeout)
+        return value
+
+    def set(self, key: str, value: bytes) -> None:
+        self._store.set(self._prefix + key, value)
