@@ -131,6 +131,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "interface_address",
         "launch_info",
         "local_address",
+        "this_host",
     },
     "ferrodist.collectives": {
         "ALL_REDUCE_ALGORITHMS",

@@ -128,8 +128,9 @@ def test_placements_that_do_not_add_up_are_refused(places, message):
 
 def test_every_rank_learns_the_same_nodes_from_the_launcher_or_the_hosts():
     import ferrodist.collectives as dist
-    from ferrodist.collectives._levels import discover_nodes, this_host
+    from ferrodist.collectives._levels import discover_nodes
     from ferrodist.testing import run_world
+    from ferrodist.transport import this_host
 
     def body():
         group, r = dist.default_group(), dist.get_rank()

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ferrodist.core import InvalidArgument
+from ferrodist.transport import this_host
 
 from ._objects import all_gather_object
 from ._plans import chunk_layout
@@ -35,7 +35,7 @@ from ._plans import chunk_layout
 if TYPE_CHECKING:
     from ._group import ProcessGroup
 
-__all__ = ["LevelsPlan", "Nodes", "discover_nodes", "levels_plan", "this_host"]
+__all__ = ["LevelsPlan", "Nodes", "discover_nodes", "levels_plan"]
 
 #: Where launchers say which node a rank runs on: ferrodist run and torchrun, then SLURM.
 NODE_VARIABLES = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
@@ -130,17 +130,6 @@ class LevelsPlan:
             f"{len(self.counts)} shards; reduce-scatter and all-gather with ranks {list(self.node_ranks)}; "
             f"across nodes: shard {shards or 'none'}"
         )
-
-
-def this_host() -> str:
-    """What tells this machine from others: its host name and its boot id (two containers
-    of one machine may share a name; a machine rebooted is another run of it)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
 
 
 def discover_nodes(group: ProcessGroup, env: Mapping[str, str] | None = None, host: str | None = None) -> Nodes:

@@ -1,7 +1,7 @@
 """ferrodist.transport: moving bytes between ranks (the ``Transport`` protocol and its backends)."""
 
 from ._aborts import Notice
-from ._env import LaunchInfo, launch_info
+from ._env import LaunchInfo, launch_info, this_host
 from ._faults import Faults
 from ._mpi import MpiCollectives, MpiTransport
 from ._net import interface_address, local_address
@@ -32,4 +32,5 @@ __all__ = [
     "interface_address",
     "launch_info",
     "local_address",
+    "this_host",
 ]

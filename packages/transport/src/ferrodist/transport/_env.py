@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ferrodist.core import InvalidArgument
 
-__all__ = ["LaunchInfo", "launch_info"]
+__all__ = ["LaunchInfo", "launch_info", "this_host"]
 
 # (launcher, rank variable, size variable, local rank variables, local size variables)
 _SOURCES = (
@@ -251,3 +252,14 @@ def first_host(nodelist: str) -> str:
     if not host:
         raise InvalidArgument(f"SLURM host list {nodelist!r} names no host")
     return "".join(host)
+
+
+def this_host() -> str:
+    """What tells this machine from others: its host name and its boot id (two containers
+    of one machine may share a name; a machine rebooted is another run of it)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"

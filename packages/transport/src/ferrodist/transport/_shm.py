@@ -10,7 +10,6 @@ and the reductions read all ranks' slots in one fused pass.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +30,7 @@ from ferrodist.core.kernels import NotCompiled, Ticket, background, pairwise_opc
 
 from . import _chunks, _spin, _stepwise
 from ._arena import Arena
+from ._env import this_host
 from ._protocol import DEFAULT_TIMEOUT
 from ._rendezvous import Rendezvous
 from ._segment import SegmentGone, create_segment, open_segment
@@ -445,7 +445,7 @@ class ShmTransport(TcpTransport):
         every rank with its reason (``rdv``).
         """
         store, rank, world = self.store, self.rank, self.world_size
-        host = f"{socket.gethostname()}/{_boot_id()}"
+        host = this_host()
         store.set(f"ferrodist/shm/host/{rank}", host, timeout=rdv.left())
         hosts = {rdv.get(f"ferrodist/shm/host/{r}", r, "said which host it is on").decode() for r in range(world)}
         if len(hosts) > 1:
@@ -581,11 +581,3 @@ def _ready(waits: Ticket, rank: int, deadline: float) -> None:
 
 def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
