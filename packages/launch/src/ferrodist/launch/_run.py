@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from ._nodes import DEFAULT_JOIN_TIMEOUT, DEFAULT_SILENCE, HEARTBEAT, Hub, Member, NodeFailure, Placement
 from ._output import Console
@@ -161,8 +161,8 @@ def run(
     try:
         restart = 0
         while True:
-            where = (nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence)
-            result, restart, started = _attempt(*where, argv, console, signals, grace, log_dir, extra_env, restart)
+            where = _Where(nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence)
+            result, restart, started = _attempt(where, argv, console, signals, grace, log_dir, extra_env, restart)
             lost = started and result.failed_rank is None and result.failed_node is not None
             failed = result.failed_rank is not None or lost
             if result.exit_code == 0 or not failed or restart >= max_restarts or signals.seen:
@@ -177,15 +177,21 @@ def run(
         signals.close()
 
 
+class _Where(NamedTuple):
+    """This launcher's part of the job, as its command line says."""
+
+    nprocs: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int | None
+    token: str
+    join_timeout: float
+    silence: float
+
+
 def _attempt(
-    nprocs: int,
-    nnodes: int,
-    node_rank: int,
-    master_addr: str,
-    master_port: int | None,
-    token: str,
-    join_timeout: float,
-    silence: float,
+    where: _Where,
     argv: list[str],
     console: Console,
     signals: _Signals,
@@ -199,33 +205,22 @@ def _attempt(
     lost node must), run them; the verdict, the attempt it was, and whether the ranks ran."""
     link: Hub | Member | None = None
     try:
-        if nnodes == 1:
+        if where.nnodes == 1:
             placement = Placement(
                 0,
                 1,
                 0,
-                nprocs,
-                nprocs,
-                master_addr,
-                master_port or free_port(master_addr),
+                where.nprocs,
+                where.nprocs,
+                where.master_addr,
+                where.master_port or free_port(where.master_addr),
                 secrets.token_hex(32),
                 secrets.token_hex(6),  # names the job's shared-memory files, so they can be removed
                 attempt=attempt,
             )
         else:
             try:
-                link, placement = _join(
-                    nprocs,
-                    nnodes,
-                    node_rank,
-                    master_addr,
-                    master_port,
-                    token,
-                    join_timeout,
-                    silence,
-                    signals.fd,
-                    attempt,
-                )
+                link, placement = _join(where, signals.fd, attempt)
             except NodeFailure as failure:
                 console.line(failure.summary)
                 return JobResult(failure.exit_code, None, (), (), failure.summary, failure.node), attempt, False
@@ -255,19 +250,9 @@ def _check(nprocs: int, command: Sequence[str], nnodes: int, node_rank: int, gra
         raise _invalid(f"ferrodist run: --join-timeout must be a number of seconds > 0, not {join!r}")
 
 
-def _join(
-    nprocs: int,
-    nnodes: int,
-    node_rank: int,
-    master_addr: str,
-    master_port: int | None,
-    token: str,
-    join_timeout: float,
-    silence: float,
-    stop_fd: int,
-    attempt: int = 0,
-) -> tuple[Hub | Member, Placement]:
+def _join(where: _Where, stop_fd: int, attempt: int = 0) -> tuple[Hub | Member, Placement]:
     """Meet the other nodes' launchers (see ``_nodes``): this node's link and placement."""
+    nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence = where
     port = master_port or DEFAULT_NODES_PORT
     deadline = time.monotonic() + join_timeout
     if node_rank == 0:
