@@ -147,3 +147,9 @@ def test_every_rank_learns_the_same_nodes_from_the_launcher_or_the_hosts():
         assert by_host.members == ((0, 1, 2), (3,))  # the hosts decide when a rank has no node number
         assert alone.members == ((0, 1, 2, 3),)
     assert this_host().split("/", 1)[0]  # the host name, then the boot id
+
+
+def test_the_ranks_on_a_host_count_every_node_that_runs_there():
+    nodes = Nodes(((0, 1), (2, 3), (4,)), hosts=("a/boot", "a/boot", "b/boot"))
+    assert [nodes.ranks_on_host(k) for k in range(3)] == [4, 4, 1]  # two nodes started on one machine
+    assert Nodes(((0, 1), (2,))).ranks_on_host(0) == 2  # hosts unknown: the node's own

@@ -65,3 +65,29 @@ def test_a_slot_is_half_a_core_l2_cache_within_bounds(tmp_path):
     assert default_chunk(cache("3", "32M")) == DEFAULT_CHUNK  # not an L2: the fixed default
     assert default_chunk(str(tmp_path / "missing")) == DEFAULT_CHUNK
     assert default_chunk(cache("2", "lots")) == DEFAULT_CHUNK
+
+
+def test_ranks_that_outnumber_the_cores_give_the_core_away_before_they_sleep(monkeypatch):
+    import mmap
+
+    from ferrodist.transport import TcpTransport
+    from ferrodist.transport._arena import Arena
+
+    monkeypatch.setattr(_spin.os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("FERRODIST_SHM_YIELDS", raising=False)
+    monkeypatch.delenv("FERRODIST_SHM_SPINS", raising=False)
+    arena = Arena(mmap.mmap(-1, Arena.size(2, 64, 1)), 0, 2, 64, 1)
+    assert arena.yields == 0  # two ranks, two cores: spin, then sleep
+    arena.share_host(4)  # two nodes of two ranks started on this machine
+    assert arena.yields == 100 and arena.spins == SHORT_SPINS
+    monkeypatch.setenv("FERRODIST_SHM_YIELDS", "7")
+    arena.share_host(4)
+    assert arena.yields == 7
+    arena.close()
+
+    tcp = TcpTransport(0, 4, timeout=1.0, max_frame_bytes=1 << 20)
+    assert tcp.yields == 0
+    tcp.share_host(4)
+    assert tcp.yields == 100
+    tcp.share_host(2)
+    assert tcp.yields == 0

@@ -168,3 +168,27 @@ def test_two_threads_of_each_rank_share_a_link_without_losing_or_mixing_messages
     # Not a speed check: a thread stuck behind a reader that waits for a message depending on
     # that thread's reply gets out only when a 30 s wait runs out; this takes well under 1 s.
     assert time.monotonic() - start < 25, "a wait ran into its deadline: threads blocked each other"
+
+
+def test_a_waiting_reader_gives_its_core_away_first_where_ranks_outnumber_the_cores(world, monkeypatch):
+    """With ``yields`` set (``share_host``: more ranks than cores), a caller whose message
+    has not come calls ``sched_yield`` that many times, then sleeps in poll as before; the
+    message still lands whole, and a wait without yields never yields."""
+    from ferrodist.transport import _link
+
+    a, b = world(2)
+    yielded: list[int] = []
+    real = _link.os.sched_yield
+    monkeypatch.setattr(_link.os, "sched_yield", lambda: yielded.append(1) or real())
+    got = np.zeros(1024)
+
+    def late_sender() -> None:
+        time.sleep(0.3)
+        a.send(np.arange(1024.0), 1, tag=3)
+
+    b.yields = 5
+    _in_threads([late_sender, lambda: b.recv(got, 0, tag=3)])
+    assert len(yielded) == 5 and np.array_equal(got, np.arange(1024.0))
+    b.yields = 0
+    _in_threads([late_sender, lambda: b.recv(got, 0, tag=4 - 1)])
+    assert len(yielded) == 5

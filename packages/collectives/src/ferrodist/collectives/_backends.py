@@ -93,6 +93,8 @@ def make_transport(
             transport = kind.connect(
                 rank=rank, world_size=world_size, master_addr=addr, master_port=port, timeout=timeout
             )
+        if info is not None and info.local_world_size:
+            transport.share_host(info.local_world_size)  # waits give the core away where ranks outnumber cores
         return transport, levels
     if backend == "mpi":
         return _mpi_transport(info, rank, world_size, timeout), False

@@ -83,6 +83,14 @@ class Nodes:
     def world_size(self) -> int:
         return sum(len(m) for m in self.members)
 
+    def ranks_on_host(self, node: int) -> int:
+        """How many ranks run on node ``node``'s host: its own, and those of the nodes on the
+        same host (a launcher may start several nodes on one machine, as tests do)."""
+        if not self.hosts:
+            return len(self.members[node])
+        here = self.hosts[node]
+        return sum(len(m) for m, host in zip(self.members, self.hosts, strict=True) if host == here)
+
     def place(self, rank: int) -> tuple[int, int]:
         """(node, local rank) of global ``rank``."""
         for node, ranks in enumerate(self.members):

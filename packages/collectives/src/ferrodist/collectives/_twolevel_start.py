@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ferrodist.core import FerrodistError, InvalidArgument
-from ferrodist.transport import ShmTransport, Transport
+from ferrodist.transport import ShmTransport, TcpTransport, Transport
 
 from ._levels import Nodes, discover_nodes
 from ._objects import all_gather_object
@@ -125,7 +125,7 @@ def enable(world: ProcessGroup) -> Levels | None:
         return None
     node, local = nodes.place(world.rank)
     size = len(nodes.members[node])
-    inner: Transport | None = None
+    inner: ShmTransport | None = None
     why = ""
     if size > 1:
         try:
@@ -154,6 +154,11 @@ def enable(world: ProcessGroup) -> Levels | None:
             text,
         )
         return None
+    ranks = nodes.ranks_on_host(node)  # nodes of this job on one host (a test's, say) share its cores
+    if isinstance(world.transport, TcpTransport):
+        world.transport.share_host(ranks)
+    if inner is not None:
+        inner.share_host(ranks)
     levels = Levels(nodes, world.transport, world._runner.group_id, inner, nodes.hosts)
     attach(world, levels)
     return levels

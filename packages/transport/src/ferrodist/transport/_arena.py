@@ -53,13 +53,26 @@ class Arena:
         control = world * COUNTERS * LINE
         self._words = np.frombuffer(mapping, np.uint64, count=control // 8)
         self._lines = self._words.reshape(world, COUNTERS, LINE // 8)  # [rank, counter, word]
-        # Spin long while every runnable thread has a core, briefly when threads queue for
-        # cores (measured: SpinPolicy). FERRODIST_SHM_SPINS fixes the count.
-        self._policy = SpinPolicy(world, int(os.environ.get("FERRODIST_SHM_SPINS", 0)))
-        self._yields = int(os.environ.get("FERRODIST_SHM_YIELDS", 0 if world <= (os.cpu_count() or 1) else 100))
+        self.share_host(world)
         self._data = np.frombuffer(mapping, np.uint8, offset=control, count=world * slots * chunk)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
         self.chunks = 0  # chunks this rank has gone through (the same sequence on every rank)
+
+    def share_host(self, ranks: int) -> None:
+        """How this rank waits, for ``ranks`` ranks of the job on this host (the arena's own,
+        or more where nodes of one job share a host): spin long while every runnable thread
+        has a core, briefly when threads queue for cores (measured: ``SpinPolicy``); where
+        the ranks alone outnumber the cores, also give the core away (``sched_yield``) up to
+        100 times before sleeping, as the rank that is late is most likely waiting for it.
+        ``FERRODIST_SHM_SPINS`` and ``FERRODIST_SHM_YIELDS`` fix either."""
+        self._policy = SpinPolicy(ranks, int(os.environ.get("FERRODIST_SHM_SPINS", 0)))
+        crowded = ranks > (os.cpu_count() or 1)
+        self._yields = int(os.environ.get("FERRODIST_SHM_YIELDS", 100 if crowded else 0))
+
+    @property
+    def yields(self) -> int:
+        """How many times a wait gives the core away before it sleeps (see ``share_host``)."""
+        return self._yields
 
     @staticmethod
     def size(world: int, chunk: int, slots: int) -> int:

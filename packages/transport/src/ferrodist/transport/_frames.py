@@ -18,7 +18,7 @@ of order or a length over the configured limit is a ``ProtocolError``.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ferrodist.core import ProtocolError
 
@@ -42,8 +42,7 @@ _KINDS = {DATA: "DATA", HELLO: "HELLO", GOODBYE: "GOODBYE", ABORT: "ABORT"}
 HEADER = struct.Struct("<4sBBHQQQQ")
 
 
-@dataclass(frozen=True)
-class FrameHeader:
+class FrameHeader(NamedTuple):
     kind: int
     tag: int
     sequence: int

@@ -18,6 +18,7 @@ receives; a link calls back into it for that (``_begin``, ``_complete``, ``_lose
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
@@ -265,9 +266,14 @@ class Link:
                 finally:
                     self.sleepers -= 1
         aborts, channel = self.transport._aborts, channel_of(pending.tag)
+        yields = self.transport.yields
         try:
             while not pending.done and not self.ended and aborts.error(channel) is None:
                 if not self.advance(deadline):
+                    if yields:  # ranks outnumber the cores: the sender may be waiting for this one
+                        yields -= 1
+                        os.sched_yield()
+                        continue
                     # A notice that aborts this wait may come on another link: look every 50 ms.
                     if not self._wait(self._readable, min(deadline, time.monotonic() + _LOOK)):
                         if time.monotonic() >= deadline:
@@ -288,20 +294,28 @@ class Link:
         the link and is recorded against the peer and the receive being filled."""
         t = self.transport
         try:
-            frame = self._frame
-            view = self._header[self._got :] if frame is None else frame.piece[self._got :]
+            frame, header = self._frame, False
+            if frame is None:
+                try:
+                    n = self.sock.recv_into(self._header[self._got :])
+                except BlockingIOError:
+                    return False
+                if n == 0:
+                    self._eof()
+                self._got += n
+                if self._got < HEADER.size:
+                    return True
+                self._got, header = 0, True
+                frame = self._frame = self._begin()
+            # the payload (a small one most often came with its header): what has arrived of it
+            view = frame.piece[self._got :]
             try:
                 n = self.sock.recv_into(view) if len(view) else 0
             except BlockingIOError:
-                return False
+                return header  # True if the header came in this call
             if n == 0 and len(view):
                 self._eof()
             self._got += n
-            if frame is None:
-                if self._got < HEADER.size:
-                    return True
-                self._got = 0
-                frame = self._frame = self._begin()
             if self._got == len(frame.piece):
                 self._got = 0
                 if frame.left:  # a mismatched payload, read and dropped a piece at a time

@@ -432,6 +432,7 @@ class ShmTransport(TcpTransport):
                 rdv.linger()
             self.close()
             raise
+        self.share_host(world_size)
         return self
 
     def _open_arena(self, rdv: Rendezvous, chunk: int, slots: int) -> Arena:
@@ -558,6 +559,14 @@ class ShmTransport(TcpTransport):
                 raise error.with_context(f"rank {self.rank}: a peer was lost during a shared-memory collective")
 
         return ShmCollectives(self._arena, health, self.rank)
+
+    def share_host(self, ranks: int) -> None:
+        """This job runs ``ranks`` ranks on this host in all, this transport's or more (nodes of
+        one job that share a host): its waits, in shared memory and on sockets, give the
+        core away where those ranks outnumber the cores."""
+        super().share_host(max(ranks, self.world_size))
+        if self._arena is not None:
+            self._arena.share_host(max(ranks, self.world_size))
 
     def close(self) -> None:
         super().close()

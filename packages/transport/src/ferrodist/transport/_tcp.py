@@ -52,6 +52,8 @@ _DEFAULT_MAX_FRAME = 16 << 30
 _NOTICE_SEND = 0.5
 #: Seconds a failed send spends reading what the peer sent last (its notice, its reason for leaving).
 _LAST_WORDS = 0.2
+#: How often a wait gives the core away before it sleeps, where the job's ranks outnumber the cores.
+_YIELDS = 100
 
 
 class TcpTransport:
@@ -84,6 +86,7 @@ class TcpTransport:
         self._server: StoreServer | None = None
         self._refusals = Refusals()  # connections from outside the job that this rank's ports refused
         self._leaving: FerrodistError | None = None  # why this rank leaves (its start failed), for its goodbyes
+        self.yields = 0  # how often a wait gives the core away before it sleeps (see share_host)
 
     # -- rendezvous ---------------------------------------------------------------------------
     @classmethod
@@ -232,6 +235,13 @@ class TcpTransport:
     def __repr__(self) -> str:
         return f"TcpTransport(rank={self._rank}, world_size={self._world_size})"
 
+    def share_host(self, ranks: int) -> None:
+        """This job runs ``ranks`` ranks on this host. Where they outnumber its cores, a rank
+        that waits for a message it reads itself gives its core away (``sched_yield``) up to
+        100 times before it sleeps in ``poll``: the rank it waits for is most likely one that
+        waits for a core, and a sleep and a wake-up cost more than the message."""
+        self.yields = _YIELDS if ranks > (os.cpu_count() or 1) else 0
+
     # -- receiving -----------------------------------------------------------------------------
     def _begin(self, link: Link, tag: int, fingerprint: int, length: int) -> Frame:
         """A DATA frame's header has arrived on ``link``: decide where its payload goes."""
@@ -287,26 +297,38 @@ class TcpTransport:
         src = check_peer(self._rank, self._world_size, src, "recv")
         tag = check_tag(tag, "recv")
         pending = Pending(as_bytes(buf, "recv", writeable=True, rank=self._rank), tag, fingerprint)
+        self._post(pending, src)
+        return Recv(self, pending, src)
+
+    def _post(self, pending: Pending, src: int) -> None:
         with self._cond:
-            aborted = self._aborts.error(channel_of(tag))
+            aborted = self._aborts.error(channel_of(pending.tag))
             if aborted is not None:
                 pending.error, pending.done = fresh(aborted, f"rank {self._rank}: receive from rank {src}", src), True
             else:
                 self._mailbox.post(pending, src)
-        return Recv(self, pending, src)
 
     def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.irecv(buf, src, tag, fingerprint=fingerprint).wait(timeout)
 
-    def _wait_recv(self, pending: Pending, src: int, limit: float) -> None:
+    def _wait_recv(self, pending: Pending, src: int, limit: float, *, claimed: bool = False) -> None:
+        """Wait for ``pending`` (from ``src``) for up to ``limit`` seconds, reading the link
+        itself (``claimed``: the caller has claimed it already)."""
         deadline = time.monotonic() + limit
         link = self._links.get(src)
         if not pending.done and link is not None and not link.ended:
-            link.claim()  # nested in sendrecv's claim: no system call
-            try:
+            if claimed:
                 link.read_for(pending, deadline)
-            finally:
-                link.unclaim()
+            else:
+                link.claim()
+                try:
+                    link.read_for(pending, deadline)
+                finally:
+                    link.unclaim()
+        if pending.done:  # the common case: no lock to take
+            if pending.error is not None:
+                raise pending.error
+            return
         channel = channel_of(pending.tag)
         with self._cond:
             while not pending.done:
@@ -347,12 +369,14 @@ class TcpTransport:
     def isend(self, buf: Buffer, dst: int, tag: int = 0, *, fingerprint: int = 0, timeout: float | None = None) -> Done:
         dst = check_peer(self._rank, self._world_size, dst, "send")
         tag = check_tag(tag, "send")
-        payload = as_bytes(buf, "send")
+        self._send(as_bytes(buf, "send"), dst, tag, fingerprint, self._timeout if timeout is None else timeout)
+        return DONE
+
+    def _send(self, payload: Buffer, dst: int, tag: int, fingerprint: int, limit: float) -> None:
         lost = self._aborts.error(channel_of(tag)) or self._lost.get(self._rank) or self._lost.get(dst)
         if lost is not None:
             raise fresh(lost, f"rank {self._rank} cannot send to rank {dst}")
         link = self._links[dst]
-        limit = self._timeout if timeout is None else timeout
         try:
             link.send(DATA, tag, fingerprint, payload, limit)
         except TimeoutError:
@@ -376,7 +400,6 @@ class TcpTransport:
             )
             self._lose(dst, error)
             raise error from None
-        return DONE
 
     def _last_words(self, link: Link, channel: int) -> FerrodistError | None:
         """After a send to ``link``'s peer broke: read the frames it sent before it left, if
@@ -411,13 +434,18 @@ class TcpTransport:
         its send waits for room, so no thread hand-off delays the reply."""
         limit = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        src = check_peer(self._rank, self._world_size, src, "recv")
+        rank = self._rank
+        src = check_peer(rank, self._world_size, src, "recv")
+        dst = check_peer(rank, self._world_size, dst, "send")
+        tag = check_tag(tag, "sendrecv")
+        pending = Pending(as_bytes(recv_buf, "recv", writeable=True, rank=rank), tag, fingerprint)
+        payload = as_bytes(send_buf, "send")
         link = self._links[src]
         link.claim()
         try:
-            request = self.irecv(recv_buf, src, tag, fingerprint=fingerprint)
-            self.isend(send_buf, dst, tag, fingerprint=fingerprint, timeout=max(0.0, deadline - time.monotonic()))
-            self._wait_recv(request._p, src, max(0.0, deadline - time.monotonic()))
+            self._post(pending, src)
+            self._send(payload, dst, tag, fingerprint, max(0.0, deadline - time.monotonic()))
+            self._wait_recv(pending, src, max(0.0, deadline - time.monotonic()), claimed=True)
         finally:
             link.unclaim()
 
