@@ -77,6 +77,9 @@ class Levels:
         self.native = inner.native_collectives(range(len(self.members)), channel) if inner is not None else None
         self.leaders = tuple(m[0] for m in nodes.members)
         self.even = len({len(m) for m in nodes.members}) == 1
+        self.peers = tuple(m[self.local] for m in nodes.members) if self.even else ()  # same local rank, each node
+        self.shards = max(len(m) for m in nodes.members)
+        self.world_size = nodes.world_size
         self._plans: dict[int, LevelsPlan] = {}
 
     def __str__(self) -> str:
@@ -274,7 +277,7 @@ class Steps:
         return Call(self._lv.world, ranks, list(ranks).index(me), tag, call.deadline, call.scratch, fp, call.seq)
 
     def across_all_reduce(self, x: Array, ranks: Sequence[int], step: int, dt: DType, op: ReduceOp) -> None:
-        divisor = op.divisor(self._lv.nodes.world_size)
+        divisor = op.divisor(self._lv.world_size)
         c = self.across(ranks, step, fingerprint("all_reduce", dt, x.shape[0], op))
         run = _ring.all_reduce
         if all_reduce_algorithm(x.nbytes, len(ranks), None, rank=self._lv.me) != "ring":
@@ -286,12 +289,11 @@ class Steps:
         lv = self._lv
         inside = ReduceOp.SUM if op is ReduceOp.AVG else op
         n, size = x.shape[0], len(lv.members)
-        shards = max(len(m) for m in lv.nodes.members)
-        if x.nbytes <= SMALL_BYTES or n < shards:
+        if x.nbytes <= SMALL_BYTES or n < lv.shards:
             self._leaders_all_reduce(x, dt, op)
             return
         if lv.even:
-            group = tuple(m[lv.local] for m in lv.nodes.members)
+            group = lv.peers
             step = max(1, PIECE_BYTES // x.itemsize // size) * size  # elements per piece
             main = n // size * size
             for start in range(0, main, step):
@@ -318,7 +320,7 @@ class Steps:
         lv = self._lv
         if lv.even and x.nbytes <= PAIRS_BYTES:
             self.node_all_reduce(x, dt, ReduceOp.SUM if op is ReduceOp.AVG else op)
-            self.across_all_reduce(x, tuple(m[lv.local] for m in lv.nodes.members), _LEADERS, dt, op)
+            self.across_all_reduce(x, lv.peers, _LEADERS, dt, op)
             return
         self.node_reduce(x, 0, dt, ReduceOp.SUM if op is ReduceOp.AVG else op)
         if lv.local == 0:
@@ -351,7 +353,7 @@ class Steps:
         self.node_reduce(buf, here, dt, ReduceOp.SUM if op is ReduceOp.AVG else op)
         if lv.me in bridges:
             c = self.across(bridges, _LEADERS, fingerprint("reduce", dt, x.shape[0], op, at))
-            _tree.reduce(c, buf, at, reducer(dt, op), op.divisor(lv.nodes.world_size))
+            _tree.reduce(c, buf, at, reducer(dt, op), op.divisor(lv.world_size))
         # Every rank returns only once its node's bridge is through: a rank that only gave its
         # part would otherwise return before the other nodes were in the call, and miss a
         # failure of the call before.
@@ -368,7 +370,7 @@ class Steps:
             count, size = len(nodes), len(lv.members)
             held = scratch.get(_REMOTE, count * n, x.dtype)  # node k's block of this local rank, by k
             held[lv.node * n : (lv.node + 1) * n] = x
-            c = self.across(tuple(m[lv.local] for m in nodes), _LEADERS, fingerprint("all_gather", dt, n))
+            c = self.across(lv.peers, _LEADERS, fingerprint("all_gather", dt, n))
             others = [k for k in range(count) if k != lv.node]
             pending = [c.irecv(held[k * n : (k + 1) * n], k) for k in others]
             c.wait_all(pending + [c.isend(x, k) for k in others])
@@ -418,9 +420,8 @@ class Steps:
                 packed[start : start + n] = blocks[nodes[k][j]]
         part = scratch.get(_SHARD, n * count, out.dtype)
         self.node_reduce_scatter(packed, part, dt, inside)
-        group = tuple(m[lv.local] for m in nodes)
-        c = self.across(group, 1 + lv.local, fingerprint("reduce_scatter", dt, n, op))
-        _ring.reduce_scatter(c, out, Blocks.of(part, count), reducer(dt, op), op.divisor(lv.nodes.world_size))
+        c = self.across(lv.peers, 1 + lv.local, fingerprint("reduce_scatter", dt, n, op))
+        _ring.reduce_scatter(c, out, Blocks.of(part, count), reducer(dt, op), op.divisor(lv.world_size))
 
     def barrier(self) -> None:
         lv = self._lv
