@@ -167,7 +167,9 @@ def test_the_short_call_forms_check_their_arguments(world_of_one):
         world_of_one.broadcast(x, True)
 
 
-@pytest.mark.parametrize(("value", "chosen"), [("", "auto"), ("tcp", "tcp"), ("SHM", "shm"), ("mpi", "mpi")])
+@pytest.mark.parametrize(
+    ("value", "chosen"), [("", "auto"), ("tcp", "tcp"), ("SHM", "shm"), ("mpi", "mpi"), ("levels", "levels")]
+)
 def test_the_transport_is_chosen_from_the_environment(monkeypatch, value, chosen):
     monkeypatch.setenv("FERRODIST_TORCH_TRANSPORT", value)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
@@ -179,14 +181,20 @@ def test_the_transport_is_chosen_from_the_environment(monkeypatch, value, chosen
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
         assert choose_transport(2) == "shm"  # the launcher says every rank is on this host
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-        assert choose_transport(2) == "tcp"
+        assert choose_transport(2) == "levels"  # two hosts of one rank each: the levels stay flat
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        assert choose_transport(4) == "levels"  # the launcher says the ranks span hosts
+        assert choose_transport(2, "3") == "tcp"  # a group of some of them starts plain tcp
+        monkeypatch.delenv("LOCAL_WORLD_SIZE")
+        assert choose_transport(4) == "tcp"  # nothing says where the ranks run
     else:
         assert choose_transport(2) == chosen
 
 
 def test_a_misspelt_transport_is_named_with_the_choices(monkeypatch):
     monkeypatch.setenv("FERRODIST_TORCH_TRANSPORT", "sharedmem")
-    with pytest.raises(InvalidArgument, match=r"'sharedmem' is not one of auto, shm, tcp, mpi \(group 3\)"):
+    with pytest.raises(InvalidArgument, match=r"'sharedmem' is not one of auto, shm, tcp, levels, mpi \(group 3\)"):
         choose_transport(2, "3")
 
 

@@ -94,6 +94,37 @@ def test_ferrodist_run_starts_the_torch_backend_too(tmp_path):
         )
 
 
+@pytest.mark.timeout(240)
+def test_a_torch_job_over_two_nodes_runs_its_default_group_over_two_levels(tmp_path):
+    """Two ``ferrodist run --nnodes 2`` launchers on this host, 2 ranks each: the launcher
+    says the ranks span nodes, so the "ferrodist" backend's default group runs over shared
+    memory inside each node and tcp between (scripts/levels.py checks every collective)."""
+    import secrets
+
+    from _helpers import communicate_all, free_port
+
+    env = {k: v for k, v in os.environ.items() if k not in _PLACE and not k.startswith(("OMPI_", "PMI", "SLURM_"))}
+    env.update(FERRODIST_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
+    env.pop("GROUP_RANK", None)
+    env.pop("FERRODIST_TORCH_TRANSPORT", None)
+    job = ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-n", "2", str(SCRIPTS / "levels.py")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ferrodist.launch", "run", "--nnodes", "2", "--node-rank", str(node), *job],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=tmp_path,
+        )
+        for node in range(2)
+    ]
+    outputs = communicate_all(procs, 200)
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    for rank in range(4):
+        assert f"rank {rank}: torch over two nodes, backend=levels, checks=23" in "".join(outputs), outputs
+
+
 def test_torch_ddp_over_ferrodist_equals_torch_ddp_over_gloo(tmp_path):
     done, outputs = torchrun(tmp_path, "ddp.py", "4")
     assert done.returncode == 0, explain(done, outputs)

@@ -13,10 +13,12 @@ alone in milliseconds. A group made while no such world group lives, or while
 ``FERRODIST_TORCH_TRANSPORT`` names another transport than the world's, starts its own.
 
 Which transport (``FERRODIST_TORCH_TRANSPORT``): ``shm`` when the launcher says every rank
-runs on this host (torchrun's and ``ferrodist run``'s ``LOCAL_WORLD_SIZE``), else ``tcp``
-(``auto``, the default; also ``tcp`` when the launcher's variables are there only in part,
-as where ranks are started by hand with ``rank=`` and ``world_size=``); or ``shm``, ``tcp``,
-``mpi`` (the world group under mpiexec).
+runs on this host (torchrun's and ``ferrodist run``'s ``LOCAL_WORLD_SIZE``), ``levels`` when
+it says the ranks span hosts (``LOCAL_WORLD_SIZE`` below ``WORLD_SIZE``, or a node number:
+tcp between nodes and each node's shared memory inside, as ``init_process_group("auto")``
+does), else ``tcp`` (``auto``, the default; ``tcp`` also when the launcher's variables are
+there only in part, as where ranks are started by hand with ``rank=`` and ``world_size=``);
+or ``shm``, ``tcp``, ``levels``, ``mpi`` (the world group under mpiexec).
 """
 
 from __future__ import annotations
@@ -27,13 +29,21 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
-from ferrodist.collectives import ProcessGroup, Transport, connect_transport, one_host
+from ferrodist.collectives import (
+    ProcessGroup,
+    Transport,
+    auto_backend,
+    connect_transport,
+    destroy_process_group,
+    enable_two_levels,
+    one_host,
+)
 from ferrodist.core import InvalidArgument
 
 from ._group import FerrodistProcessGroup
 
 #: The transports a torch group can run over (``FERRODIST_TORCH_TRANSPORT``).
-TRANSPORTS = ("auto", "shm", "tcp", "mpi")
+TRANSPORTS = ("auto", "shm", "tcp", "levels", "mpi")
 _log = logging.getLogger("ferrodist.torch")
 #: The torch groups over every rank that started a transport (with its kind), the live one last.
 _worlds: list[tuple[weakref.ref[FerrodistProcessGroup], str]] = []
@@ -61,6 +71,8 @@ def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
         name=f"torch:{name}",
         debug=os.environ.get("FERRODIST_DEBUG", "").lower() in ("detail", "1", "true", "yes"),
     )
+    if kind == "levels":
+        _two_levels(group, name)
     _log.info(
         "torch process group %s (global ranks %s): rank %d of %d over ferrodist's %s transport",
         name,
@@ -73,6 +85,18 @@ def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
     if members == list(range(size)) and world is None:
         _worlds.append((weakref.ref(made), kind))
     return made
+
+
+def _two_levels(group: ProcessGroup, name: str) -> None:
+    """The group's collectives over two levels (a collective of its ranks); on failure the
+    group and its transport are closed and the error raised."""
+    try:
+        levels = enable_two_levels(group)
+    except BaseException:
+        destroy_process_group(group)
+        group.transport.close()
+        raise
+    _log.info("torch process group %s: %s", name, levels or "one node, or one rank per node: flat tcp")
 
 
 def _world() -> ProcessGroup | None:
@@ -105,12 +129,19 @@ def choose_transport(size: int, name: str = "0") -> str:
         return "tcp"  # nothing to share memory with
     # torch may have placed the ranks already (init_method, rank=, world_size=): launcher
     # variables that do not add up only leave unknown whether every rank runs on this host
-    return "shm" if one_host() else "tcp"
+    if one_host():
+        return "shm"
+    try:
+        backend, _, info = auto_backend()
+    except InvalidArgument:
+        return "tcp"
+    return "levels" if backend == "levels" and info is not None and info.world_size == size else "tcp"
 
 
 def connect(kind: str, store: Any, rank: int, size: int, timeout: float) -> Transport:
-    """This rank's transport of ``kind``, started through torch's ``store``."""
-    return connect_transport(kind, store, rank=rank, world_size=size, timeout=timeout)
+    """This rank's transport of ``kind`` (``levels``: tcp, the levels come after), started
+    through torch's ``store``."""
+    return connect_transport("tcp" if kind == "levels" else kind, store, rank=rank, world_size=size, timeout=timeout)
 
 
 def _seconds(timeout: object) -> float:
