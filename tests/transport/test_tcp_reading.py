@@ -192,3 +192,60 @@ def test_a_waiting_reader_gives_its_core_away_first_where_ranks_outnumber_the_co
     b.yields = 0
     _in_threads([late_sender, lambda: b.recv(got, 0, tag=4 - 1)])
     assert len(yielded) == 5
+
+
+def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_the_mailbox(world, monkeypatch):
+    """``sendrecv`` reads the link's next frame straight into its buffer when it is the
+    exchange's message. Whatever else comes first (a message of another tag, one that
+    arrived before the call, one of the wrong size) goes through the mailbox as before."""
+    from ferrodist.core import CollectiveMismatch
+    from ferrodist.transport import _link
+
+    a, b = world(2)
+    outcomes: list[int] = []
+    real = _link.Link.read_direct
+    monkeypatch.setattr(_link.Link, "read_direct", lambda self, p, d: outcomes.append(real(self, p, d)) or outcomes[-1])
+    mine, theirs = np.arange(1000.0), np.arange(1000.0) * 2
+    got_a, got_b, other = np.zeros(1000), np.zeros(1000), np.zeros(3)
+
+    def exchange(tag: int) -> None:
+        _in_threads(
+            [lambda: a.sendrecv(mine, 1, got_a, 1, tag=tag), lambda: b.sendrecv(theirs, 0, got_b, 0, tag=tag)]
+        )
+        assert np.array_equal(got_a, theirs) and np.array_equal(got_b, mine)
+
+    exchange(1)
+    assert _link.DIRECT_DONE in outcomes or _link.DIRECT_PAYLOAD in outcomes
+
+    outcomes.clear()  # a message of another tag comes first: kept for its own receive
+    b.send(np.array([7.0, 8.0, 9.0]), 0, tag=99)
+    exchange(2)
+    a.recv(other, 1, tag=99)
+    assert np.array_equal(other, [7.0, 8.0, 9.0])
+
+    b.send(theirs, 0, tag=3)  # the exchange's own message, sent before the call: taken from the mailbox
+    time.sleep(0.2)
+    _in_threads([lambda: a.sendrecv(mine, 1, got_a, 1, tag=3), lambda: b.recv(got_b, 0, tag=3)])
+    assert np.array_equal(got_a, theirs) and np.array_equal(got_b, mine)
+
+    outcomes.clear()  # the peer sends a different size: both ranks say so, and the link goes on
+    errors: list[BaseException] = []
+
+    def expect_mismatch(fn) -> None:
+        try:
+            fn()
+        except CollectiveMismatch as exc:
+            errors.append(exc)
+
+    _in_threads(
+        [
+            lambda: expect_mismatch(lambda: a.sendrecv(mine, 1, got_a, 1, tag=4)),
+            lambda: expect_mismatch(lambda: b.sendrecv(theirs[:10], 0, got_b[:10], 0, tag=4)),
+        ]
+    )
+    assert sorted(str(e).split(" but ")[0] for e in errors) == [
+        "rank 0 expected 8000 bytes from rank 1 (tag 0x4)",
+        "rank 1 expected 80 bytes from rank 0 (tag 0x4)",
+    ]
+    assert _link.DIRECT_OTHER in outcomes
+    exchange(5)

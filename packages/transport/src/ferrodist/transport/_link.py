@@ -28,13 +28,19 @@ from typing import TYPE_CHECKING
 from ferrodist.core import FerrodistError, PeerLost, ProtocolError
 
 from ._aborts import channel_of
-from ._frames import ABORT, DATA, GOODBYE, HEADER, decode_header, encode_header
+from ._frames import ABORT, DATA, GOODBYE, HEADER, MAGIC, PROTOCOL_VERSION, decode_header, encode_header
 from ._matching import Buffer
 
 if TYPE_CHECKING:
     from ._tcp import TcpTransport
 
-__all__ = ["DONE", "NOTICE_LIMIT", "PIECE", "Arrival", "Done", "Frame", "Link", "Pending", "Recv"]
+__all__ = [
+    "DIRECT_DONE",
+    "DIRECT_OTHER",
+    "DIRECT_PAYLOAD",
+    "DIRECT_WAIT",
+    "DONE",
+    "NOTICE_LIMIT", "PIECE", "Arrival", "Done", "Frame", "Link", "Pending", "Recv"]
 
 _SMALL = 64 << 10  # payloads up to this size go out in one write with their header
 #: The first piece of a message that arrives before its receive (and of a scratch buffer).
@@ -45,6 +51,8 @@ NOTICE_LIMIT = 1 << 20
 _LINGER = 0.005
 #: Seconds between a reading caller's looks at the aborted channels (notices may come on other links).
 _LOOK = 0.05
+#: What ``Link.read_direct`` did.
+DIRECT_DONE, DIRECT_WAIT, DIRECT_OTHER, DIRECT_PAYLOAD = range(4)
 
 
 class Done:
@@ -324,19 +332,100 @@ class Link:
                     self._frame = None
                     t._complete(self, frame)
             return True
-        except FerrodistError as exc:
+        except Exception as exc:
+            self._failed(exc)
+        return False
+
+    def _failed(self, exc: Exception) -> None:
+        """Reading failed with ``exc``: end the link, with the error its receives get."""
+        if isinstance(exc, FerrodistError):
             self._end(exc)
-        except OSError as exc:
+        elif isinstance(exc, OSError):
             self._end(
                 PeerLost(
                     f"the connection from rank {self.peer} broke ({exc.strerror or exc}): it died or was killed",
                     peer=self.peer,
-                    rank=t.rank,
+                    rank=self.transport.rank,
                 )
             )
+        else:
+            self._end(ProtocolError(f"reading from rank {self.peer} failed: {exc!r}", rank=self.transport.rank))
+
+    def read_direct(self, pending: Pending, deadline: float) -> int:
+        """A caller's read of the message ``pending`` is for, straight into its buffer: no
+        mailbox, no frame record, no lock but the reader's. The caller holds ``read_lock``,
+        the link is between frames (a header may have begun) and no receive or kept message
+        of pending's tag is queued, so the link's next frame is pending's message or is not
+        for it. Returns ``DIRECT_DONE`` (pending is filled), ``DIRECT_WAIT`` (no whole header
+        yet, or the link failed: the general reader goes on from here, pending posted),
+        ``DIRECT_OTHER`` (a whole header of another message: post pending, then
+        ``begin_read``) or ``DIRECT_PAYLOAD`` (pending's message has begun: its frame is the
+        link's now, pending claimed, and the general reader finishes it)."""
+        sock, header, yields = self.sock, self._header, self.transport.yields
+        try:
+            while self._got < HEADER.size:
+                try:
+                    n = sock.recv_into(header[self._got :])
+                except BlockingIOError:
+                    if yields:  # ranks outnumber the cores: the sender may be waiting for this one
+                        yields -= 1
+                        os.sched_yield()
+                    elif not self._wait(self._readable, min(deadline, time.monotonic() + _LOOK)):
+                        return DIRECT_WAIT  # the general reader looks at aborts and the deadline
+                    continue
+                if n == 0:
+                    return DIRECT_WAIT  # the peer closed: the general reader says so
+                self._got += n
+            magic, version, kind, reserved, tag, sequence, fingerprint, length = HEADER.unpack(header)
+            buf = pending.buf
+            if (
+                kind != DATA
+                or tag != pending.tag
+                or length != buf.nbytes
+                or sequence != self.recv_seq
+                or (fingerprint and pending.fingerprint and fingerprint != pending.fingerprint)
+                or magic != MAGIC
+                or version != PROTOCOL_VERSION
+                or reserved
+            ):
+                return DIRECT_OTHER  # a notice, another message, or one that does not fit: decoded as usual
+            self._got = 0
+            self.recv_seq += 1
+            view = memoryview(buf)
+            got = 0
+            while got < length:
+                try:
+                    n = sock.recv_into(view[got:])
+                except BlockingIOError:
+                    break
+                if n == 0:
+                    break
+                got += n
+        except OSError as exc:
+            self._failed(exc)
+            return DIRECT_WAIT
+        if got == length:
+            pending.done = True
+            return DIRECT_DONE
+        frame = Frame(tag, fingerprint, pending, None)
+        frame.piece = view
+        pending.claimed = True
+        self._frame, self._got = frame, got
+        return DIRECT_PAYLOAD
+
+    def begin_read(self) -> None:
+        """A whole header is in (``read_direct`` said ``DIRECT_OTHER``): begin its frame as
+        ``advance`` would."""
+        try:
+            self._got = 0
+            self._frame = self._begin()
         except Exception as exc:
-            self._end(ProtocolError(f"reading from rank {self.peer} failed: {exc!r}", rank=t.rank))
-        return False
+            self._failed(exc)
+
+    @property
+    def between_frames(self) -> bool:
+        """No frame's payload is half read (a header may have begun)."""
+        return self._frame is None
 
     def _begin(self) -> Frame:
         t = self.transport

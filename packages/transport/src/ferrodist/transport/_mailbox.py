@@ -41,6 +41,11 @@ class Mailbox:
         self._early[key].append(arrival)
         return None, arrival
 
+    def quiet(self, src: int, tag: int) -> bool:
+        """No receive from ``src`` with ``tag`` is posted and no such message kept: the next
+        one to arrive is the next receive's."""
+        return not self._posted.get((src, tag)) and not self._early.get((src, tag))
+
     def post(self, pending: Pending, src: int) -> None:
         """A receive from ``src``: matched with the first message that came before it (whole,
         or still arriving: its header says at once whether it fits), else queued."""

@@ -34,7 +34,7 @@ from ._aborts import Aborts, Notice, channel_of, decode_notice, departure, encod
 from ._accept import Refusals
 from ._auth import job_secret, where_to_listen
 from ._frames import ABORT, DATA, GOODBYE
-from ._link import DONE, NOTICE_LIMIT, Done, Frame, Link, Pending, Recv
+from ._link import DIRECT_OTHER, DIRECT_WAIT, DONE, NOTICE_LIMIT, Done, Frame, Link, Pending, Recv
 from ._mailbox import Mailbox
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._mesh import mesh
@@ -443,11 +443,31 @@ class TcpTransport:
         link = self._links[src]
         link.claim()
         try:
-            self._post(pending, src)
             self._send(payload, dst, tag, fingerprint, max(0.0, deadline - time.monotonic()))
+            self._read_direct(link, pending, src, deadline)
             self._wait_recv(pending, src, max(0.0, deadline - time.monotonic()), claimed=True)
         finally:
             link.unclaim()
+
+    def _read_direct(self, link: Link, pending: Pending, src: int, deadline: float) -> None:
+        """Read ``pending``'s message from ``link`` straight into its buffer where nothing
+        else can be in the way (see ``Link.read_direct``); else post it as ``irecv`` does
+        (a message that came meanwhile was kept for it), for the general reader."""
+        tag = pending.tag
+        if link.ended or not link.read_lock.acquire(blocking=False):
+            self._post(pending, src)
+            return
+        try:
+            with self._cond:
+                clear = link.between_frames and self._aborts.error(channel_of(tag)) is None
+                clear = clear and self._mailbox.quiet(src, tag) and src not in self._lost
+            outcome = link.read_direct(pending, deadline) if clear else DIRECT_WAIT
+            if outcome in (DIRECT_WAIT, DIRECT_OTHER):
+                self._post(pending, src)
+            if outcome == DIRECT_OTHER:
+                link.begin_read()
+        finally:
+            link.let_go()
 
     def _progress(self, sending: Link, deadline: float) -> bool:
         """A send is waiting for room on ``sending``: meanwhile read what has arrived on the
