@@ -209,9 +209,7 @@ def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_t
     got_a, got_b, other = np.zeros(1000), np.zeros(1000), np.zeros(3)
 
     def exchange(tag: int) -> None:
-        _in_threads(
-            [lambda: a.sendrecv(mine, 1, got_a, 1, tag=tag), lambda: b.sendrecv(theirs, 0, got_b, 0, tag=tag)]
-        )
+        _in_threads([lambda: a.sendrecv(mine, 1, got_a, 1, tag=tag), lambda: b.sendrecv(theirs, 0, got_b, 0, tag=tag)])
         assert np.array_equal(got_a, theirs) and np.array_equal(got_b, mine)
 
     exchange(1)

@@ -40,7 +40,15 @@ __all__ = [
     "DIRECT_PAYLOAD",
     "DIRECT_WAIT",
     "DONE",
-    "NOTICE_LIMIT", "PIECE", "Arrival", "Done", "Frame", "Link", "Pending", "Recv"]
+    "NOTICE_LIMIT",
+    "PIECE",
+    "Arrival",
+    "Done",
+    "Frame",
+    "Link",
+    "Pending",
+    "Recv",
+]
 
 _SMALL = 64 << 10  # payloads up to this size go out in one write with their header
 #: The first piece of a message that arrives before its receive (and of a scratch buffer).
@@ -51,6 +59,8 @@ NOTICE_LIMIT = 1 << 20
 _LINGER = 0.005
 #: Seconds between a reading caller's looks at the aborted channels (notices may come on other links).
 _LOOK = 0.05
+#: Seconds a failed send spends reading what the peer sent last (its notice, its reason for leaving).
+_LAST_WORDS = 0.2
 #: What ``Link.read_direct`` did.
 DIRECT_DONE, DIRECT_WAIT, DIRECT_OTHER, DIRECT_PAYLOAD = range(4)
 
@@ -164,7 +174,9 @@ class Link:
     callers have the link (``claim``), it is out of the thread's epoll set and the thread
     sleeps on; a send that waits for room reads such links meanwhile (``_progress``). A
     reader stops wherever the bytes stop, mid-frame included, and the next one goes on
-    from there: no reader ever waits for a peer while that peer waits for it.
+    from there: no reader ever waits for a peer while that peer waits for it. A
+    ``sendrecv`` whose message is the link's next frame reads it straight into its buffer,
+    past the mailbox (``take``).
     """
 
     def __init__(self, transport: TcpTransport, peer: int, sock: socket.socket) -> None:
@@ -358,8 +370,8 @@ class Link:
         of pending's tag is queued, so the link's next frame is pending's message or is not
         for it. Returns ``DIRECT_DONE`` (pending is filled), ``DIRECT_WAIT`` (no whole header
         yet, or the link failed: the general reader goes on from here, pending posted),
-        ``DIRECT_OTHER`` (a whole header of another message: post pending, then
-        ``begin_read``) or ``DIRECT_PAYLOAD`` (pending's message has begun: its frame is the
+        ``DIRECT_OTHER`` (a whole header of another message: post pending, then begin that
+        frame) or ``DIRECT_PAYLOAD`` (pending's message has begun: its frame is the
         link's now, pending claimed, and the general reader finishes it)."""
         sock, header, yields = self.sock, self._header, self.transport.yields
         try:
@@ -391,7 +403,7 @@ class Link:
                 return DIRECT_OTHER  # a notice, another message, or one that does not fit: decoded as usual
             self._got = 0
             self.recv_seq += 1
-            view = memoryview(buf)
+            view = memoryview(buf)  # type: ignore[arg-type]
             got = 0
             while got < length:
                 try:
@@ -413,19 +425,45 @@ class Link:
         self._frame, self._got = frame, got
         return DIRECT_PAYLOAD
 
-    def begin_read(self) -> None:
-        """A whole header is in (``read_direct`` said ``DIRECT_OTHER``): begin its frame as
-        ``advance`` would."""
+    def take(self, pending: Pending, deadline: float) -> None:
+        """The receive of a ``sendrecv`` on this claimed link: read its message straight into
+        its buffer where nothing can be in the way (``read_direct``), else post it as
+        ``irecv`` does (a message that came meanwhile was kept for it) for the general
+        reader (``read_for``)."""
+        t, src, tag = self.transport, self.peer, pending.tag
+        if self.ended or not self.read_lock.acquire(blocking=False):
+            t._post(pending, src)
+            return
         try:
-            self._got = 0
-            self._frame = self._begin()
-        except Exception as exc:
-            self._failed(exc)
+            with t._cond:
+                clear = self._frame is None and t._aborts.error(channel_of(tag)) is None
+                clear = clear and t._mailbox.quiet(src, tag) and src not in t._lost
+            outcome = self.read_direct(pending, deadline) if clear else DIRECT_WAIT
+            if outcome in (DIRECT_WAIT, DIRECT_OTHER):
+                t._post(pending, src)
+            if outcome == DIRECT_OTHER:  # a whole header is in: begin its frame as advance would
+                try:
+                    self._got = 0
+                    self._frame = self._begin()
+                except Exception as exc:
+                    self._failed(exc)
+        finally:
+            self.let_go()
 
-    @property
-    def between_frames(self) -> bool:
-        """No frame's payload is half read (a header may have begun)."""
-        return self._frame is None
+    def last_words(self, channel: int) -> FerrodistError | None:
+        """After a send to this peer broke: read the frames it sent before it left, if they
+        are still unread (an abort notice, a departure with its reason), and return the
+        failure they name, as a receive would have reported it; None if they name none."""
+        t = self.transport
+        if self.read_lock.acquire(timeout=_LAST_WORDS):  # the link's thread may be reading them now
+            try:
+                give_up = time.monotonic() + _LAST_WORDS
+                while not self.ended and time.monotonic() < give_up and self.advance(give_up):
+                    pass
+            finally:
+                self.let_go()
+        with t._cond:
+            return t._aborts.error(channel) or t._lost.get(self.peer)
 
     def _begin(self) -> Frame:
         t = self.transport

@@ -34,7 +34,7 @@ from ._aborts import Aborts, Notice, channel_of, decode_notice, departure, encod
 from ._accept import Refusals
 from ._auth import job_secret, where_to_listen
 from ._frames import ABORT, DATA, GOODBYE
-from ._link import DIRECT_OTHER, DIRECT_WAIT, DONE, NOTICE_LIMIT, Done, Frame, Link, Pending, Recv
+from ._link import DONE, NOTICE_LIMIT, Done, Frame, Link, Pending, Recv
 from ._mailbox import Mailbox
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._mesh import mesh
@@ -50,8 +50,6 @@ _BARRIER_TAGS = 0xFFFF << 48  # the transport's own barrier messages use tags fr
 _DEFAULT_MAX_FRAME = 16 << 30
 #: Seconds a notice may take to leave for one peer before that link is given up.
 _NOTICE_SEND = 0.5
-#: Seconds a failed send spends reading what the peer sent last (its notice, its reason for leaving).
-_LAST_WORDS = 0.2
 #: How often a wait gives the core away before it sleeps, where the job's ranks outnumber the cores.
 _YIELDS = 100
 
@@ -389,7 +387,7 @@ class TcpTransport:
             self._lose(dst, stalled)  # a frame was cut in the middle: this connection is unusable now
             raise stalled from None
         except OSError as exc:
-            said = self._last_words(link, channel_of(tag))
+            said = link.last_words(channel_of(tag))
             if said is not None:  # it left because of a failure it told us about: report that
                 raise fresh(said, f"rank {self._rank} cannot send to rank {dst}") from None
             error = PeerLost(
@@ -400,20 +398,6 @@ class TcpTransport:
             )
             self._lose(dst, error)
             raise error from None
-
-    def _last_words(self, link: Link, channel: int) -> FerrodistError | None:
-        """After a send to ``link``'s peer broke: read the frames it sent before it left, if
-        they are still unread (an abort notice, a departure with its reason), and return the
-        failure they name, as a receive would have reported it; None if they name none."""
-        if link.read_lock.acquire(timeout=_LAST_WORDS):  # the link's thread may be reading them now
-            try:
-                give_up = time.monotonic() + _LAST_WORDS
-                while not link.ended and time.monotonic() < give_up and link.advance(give_up):
-                    pass
-            finally:
-                link.let_go()
-        with self._cond:
-            return self._aborts.error(channel) or self._lost.get(link.peer)
 
     def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.isend(buf, dst, tag, fingerprint=fingerprint, timeout=timeout)
@@ -444,30 +428,10 @@ class TcpTransport:
         link.claim()
         try:
             self._send(payload, dst, tag, fingerprint, max(0.0, deadline - time.monotonic()))
-            self._read_direct(link, pending, src, deadline)
+            link.take(pending, deadline)
             self._wait_recv(pending, src, max(0.0, deadline - time.monotonic()), claimed=True)
         finally:
             link.unclaim()
-
-    def _read_direct(self, link: Link, pending: Pending, src: int, deadline: float) -> None:
-        """Read ``pending``'s message from ``link`` straight into its buffer where nothing
-        else can be in the way (see ``Link.read_direct``); else post it as ``irecv`` does
-        (a message that came meanwhile was kept for it), for the general reader."""
-        tag = pending.tag
-        if link.ended or not link.read_lock.acquire(blocking=False):
-            self._post(pending, src)
-            return
-        try:
-            with self._cond:
-                clear = link.between_frames and self._aborts.error(channel_of(tag)) is None
-                clear = clear and self._mailbox.quiet(src, tag) and src not in self._lost
-            outcome = link.read_direct(pending, deadline) if clear else DIRECT_WAIT
-            if outcome in (DIRECT_WAIT, DIRECT_OTHER):
-                self._post(pending, src)
-            if outcome == DIRECT_OTHER:
-                link.begin_read()
-        finally:
-            link.let_go()
 
     def _progress(self, sending: Link, deadline: float) -> bool:
         """A send is waiting for room on ``sending``: meanwhile read what has arrived on the
