@@ -32,7 +32,7 @@ from ._call import Array, Call, collective_tag
 from ._checks import Blocks
 from ._fingerprint import fingerprint
 from ._levels import LevelsPlan, Nodes, levels_plan
-from ._select import all_reduce_algorithm
+from ._select import SMALL_MESSAGE_BYTES, all_reduce_algorithm
 
 __all__ = ["OPERATIONS", "PAIRS_BYTES", "PIECE_BYTES", "SMALL_BYTES", "Levels", "Steps"]
 
@@ -277,10 +277,20 @@ class Steps:
         return Call(self._lv.world, ranks, list(ranks).index(me), tag, call.deadline, call.scratch, fp, call.seq)
 
     def across_all_reduce(self, x: Array, ranks: Sequence[int], step: int, dt: DType, op: ReduceOp) -> None:
-        divisor = op.divisor(self._lv.world_size)
-        c = self.across(ranks, step, fingerprint("all_reduce", dt, x.shape[0], op))
+        lv = self._lv
+        divisor = op.divisor(lv.world_size)
+        fp = fingerprint("all_reduce", dt, x.shape[0], op)
+        if len(ranks) == 2 and x.nbytes <= SMALL_MESSAGE_BYTES:  # two nodes: one exchange, as recursive doubling's
+            call, mine = self._call, ranks.index(lv.me)
+            peer = ranks[1 - mine]
+            incoming = call.scratch.get(0, x.shape[0], x.dtype)
+            tag = call.tag ^ (step << _STEP_SHIFT)
+            lv.world.sendrecv(x, peer, incoming, peer, tag, timeout=call.remaining(), fingerprint=fp)
+            reducer(dt, op)(x, (incoming, x) if mine else (x, incoming), divisor)  # the lower index's data first
+            return
+        c = self.across(ranks, step, fp)
         run = _ring.all_reduce
-        if all_reduce_algorithm(x.nbytes, len(ranks), None, rank=self._lv.me) != "ring":
+        if all_reduce_algorithm(x.nbytes, len(ranks), None, rank=lv.me) != "ring":
             run = _doubling.all_reduce
         run(c, x, reducer(dt, op), divisor)
 
