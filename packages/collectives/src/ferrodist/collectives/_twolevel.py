@@ -97,27 +97,27 @@ class Levels:
     def body(self, operation: str, dt: DType | None, op: ReduceOp | None, root: int | None) -> Body:
         """The body of one kind of call (as ``_route`` gives them: ``body(call, *arrays)``)."""
         if operation == "barrier":
-            return lambda call: self._run(call, lambda s: s.barrier())
+            return lambda call: self._run(call, Steps.barrier)
         assert dt is not None
         if operation == "all_reduce":
             assert op is not None
-            return lambda call, x: self._run(call, lambda s: s.all_reduce(x, dt, op))
+            return lambda call, x: self._run(call, Steps.all_reduce, x, dt, op)
         if operation == "broadcast":
             assert root is not None
-            return lambda call, x: self._run(call, lambda s: s.broadcast(x, dt, root))
+            return lambda call, x: self._run(call, Steps.broadcast, x, dt, root)
         if operation == "reduce":
             assert root is not None and op is not None
-            return lambda call, x: self._run(call, lambda s: s.reduce(x, dt, root, op))
+            return lambda call, x: self._run(call, Steps.reduce, x, dt, root, op)
         if operation == "all_gather":
-            return lambda call, x, blocks: self._run(call, lambda s: s.all_gather(x, dt, blocks))
+            return lambda call, x, blocks: self._run(call, Steps.all_gather, x, dt, blocks)
         if operation == "reduce_scatter":
             assert op is not None
-            return lambda call, out, blocks: self._run(call, lambda s: s.reduce_scatter(out, dt, blocks, op))
+            return lambda call, out, blocks: self._run(call, Steps.reduce_scatter, out, dt, blocks, op)
         raise AssertionError(f"the two levels do not run {operation}")
 
-    def _run(self, call: Call, steps: Callable[[Steps], None]) -> None:
+    def _run(self, call: Call, steps: Callable[..., None], *args: Any) -> None:
         try:
-            steps(Steps(self, call))
+            steps(Steps(self, call), *args)
         except FerrodistError as exc:
             raise self.failed(exc, call.seq) from None
 

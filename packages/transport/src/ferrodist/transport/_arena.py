@@ -184,7 +184,6 @@ class Arena:
         """
         first, stop = (0, self.world) if ranks is None else (ranks[0], ranks[-1] + 1)
         stride, offset = COUNTERS * _WORDS_PER_LINE, which * _WORDS_PER_LINE
-        column = self._lines[:, which, 0]
         yielded = 0
         while True:
             laggard = spin_until(self._words, stride, offset, first, stop, target, self._policy.spins())
@@ -192,6 +191,7 @@ class Arena:
                 return
             left = deadline - time.monotonic()
             if left <= 0:
+                column = self._lines[:, which, 0]
                 late = [peer for peer in range(first, stop) if column[peer] < target]
                 raise CollectiveTimeout(
                     f"rank {self.rank}: timed out in shared memory waiting for ranks {late}, which had not got "
@@ -212,6 +212,7 @@ class Arena:
                 yielded += 1
                 os.sched_yield()
                 continue
+            column = self._lines[:, which, 0]
             seen = int(column[laggard])
             self._lines[self.rank, which, 1] = 1  # "I may sleep": wakers check this flag
             if int(column[laggard]) == seen and seen < target:

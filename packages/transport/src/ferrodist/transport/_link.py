@@ -434,10 +434,9 @@ class Link:
         if self.ended or not self.read_lock.acquire(blocking=False):
             t._post(pending, src)
             return
-        try:
-            with t._cond:
-                clear = self._frame is None and t._aborts.error(channel_of(tag)) is None
-                clear = clear and t._mailbox.quiet(src, tag) and src not in t._lost
+        try:  # reads of dicts that other threads change only under the lock: each as atomic as the GIL makes it
+            clear = self._frame is None and t._aborts.error(channel_of(tag)) is None
+            clear = clear and t._mailbox.quiet(src, tag) and src not in t._lost
             outcome = self.read_direct(pending, deadline) if clear else DIRECT_WAIT
             if outcome in (DIRECT_WAIT, DIRECT_OTHER):
                 t._post(pending, src)

@@ -555,7 +555,7 @@ class ShmTransport(TcpTransport):
             error = aborts.error(channel)
             if error is not None:
                 raise error.with_context(f"rank {self.rank}: during a shared-memory collective")
-            for error in list(lost.values()):
+            for error in list(lost.values()) if lost else ():
                 raise error.with_context(f"rank {self.rank}: a peer was lost during a shared-memory collective")
 
         return ShmCollectives(self._arena, health, self.rank)
