@@ -247,3 +247,40 @@ def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_t
     ]
     assert _link.DIRECT_OTHER in outcomes
     exchange(5)
+
+
+def test_a_large_sendrecv_lands_in_its_buffer_while_its_send_waits_for_room(world, monkeypatch):
+    """Two ranks swap 16 MB, more than the socket buffers hold, right after a small swap
+    (their links are still the callers', as in a ring's steps): each send waits for room
+    while the peer's bytes come, and those must go straight into the posted receive's
+    buffer, never into a message kept for a receive not yet posted (a copy of the whole
+    payload, measured at half the speed)."""
+    from ferrodist.transport import _link, _mailbox
+
+    a, b = world(2)
+    kept: list[int] = []
+    real = _mailbox.Mailbox.arriving
+
+    def arriving(self, src, tag, fingerprint, length):  # type: ignore[no-untyped-def]
+        pending, arrival = real(self, src, tag, fingerprint, length)
+        if arrival is not None and length > 1000:
+            kept.append(length)
+        return pending, arrival
+
+    monkeypatch.setattr(_mailbox.Mailbox, "arriving", arriving)
+    monkeypatch.setattr(_link, "_LINGER", 2.0)  # the links stay the callers' however slow this machine is now
+    n = 2_000_000
+    mine, theirs = np.arange(n, dtype=np.float64), -np.arange(n, dtype=np.float64)
+    got_a, got_b, one = np.zeros(n), np.zeros(n), np.zeros(1)
+
+    def swap(t, data, got, peer, steps) -> None:  # type: ignore[no-untyped-def]
+        for step in steps:
+            t.sendrecv(data[:1], peer, one, peer, tag=10 + step)
+            t.sendrecv(data, peer, got, peer, tag=20 + step)
+
+    _in_threads([lambda: swap(a, mine, got_a, 1, [0]), lambda: swap(b, theirs, got_b, 0, [0])])
+    time.sleep(0.1)  # each link's thread has left it to the callers (for _LINGER) and sleeps
+    kept.clear()
+    _in_threads([lambda: swap(a, mine, got_a, 1, [1, 2, 3]), lambda: swap(b, theirs, got_b, 0, [1, 2, 3])])
+    assert np.array_equal(got_a, theirs) and np.array_equal(got_b, mine)
+    assert kept == []

@@ -50,6 +50,8 @@ _BARRIER_TAGS = 0xFFFF << 48  # the transport's own barrier messages use tags fr
 _DEFAULT_MAX_FRAME = 16 << 30
 #: Seconds a notice may take to leave for one peer before that link is given up.
 _NOTICE_SEND = 0.5
+#: A sendrecv's message up to this size is read straight into its buffer (``Link.take``).
+_DIRECT = 64 << 10
 #: How often a wait gives the core away before it sleeps, where the job's ranks outnumber the cores.
 _YIELDS = 100
 
@@ -425,10 +427,17 @@ class TcpTransport:
         pending = Pending(as_bytes(recv_buf, "recv", writeable=True, rank=rank), tag, fingerprint)
         payload = as_bytes(send_buf, "send")
         link = self._links[src]
+        # A small exchange sends first and reads its message straight into its buffer after
+        # (Link.take). A large one posts its receive first, so that while its send waits for
+        # room the bytes that come land in the buffer (_progress), not in a kept copy.
+        direct = pending.buf.nbytes <= _DIRECT and payload.nbytes <= _DIRECT
         link.claim()
         try:
+            if not direct:
+                self._post(pending, src)
             self._send(payload, dst, tag, fingerprint, max(0.0, deadline - time.monotonic()))
-            link.take(pending, deadline)
+            if direct:
+                link.take(pending, deadline)
             self._wait_recv(pending, src, max(0.0, deadline - time.monotonic()), claimed=True)
         finally:
             link.unclaim()
