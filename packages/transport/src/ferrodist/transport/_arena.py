@@ -30,7 +30,7 @@ import numpy as np
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError, PeerLost
 
 from . import _futex
-from ._spin import SpinPolicy, first_different, publish, spin_until
+from ._spin import SpinPolicy, first_different, publish, spin_until, yields_for
 
 __all__ = ["Arena"]
 
@@ -66,8 +66,7 @@ class Arena:
         100 times before sleeping, as the rank that is late is most likely waiting for it.
         ``FERRODIST_SHM_SPINS`` and ``FERRODIST_SHM_YIELDS`` fix either."""
         self._policy = SpinPolicy(ranks, int(os.environ.get("FERRODIST_SHM_SPINS", 0)))
-        crowded = ranks > (os.cpu_count() or 1)
-        self._yields = int(os.environ.get("FERRODIST_SHM_YIELDS", 100 if crowded else 0))
+        self._yields = int(os.environ.get("FERRODIST_SHM_YIELDS", yields_for(ranks)))
 
     @property
     def yields(self) -> int:

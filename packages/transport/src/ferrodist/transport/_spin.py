@@ -15,7 +15,16 @@ import numpy as np
 
 from ferrodist.core.kernels import Ticket, background, jit, load_acquire, prepare, store_release
 
-__all__ = ["SpinPolicy", "first_different", "prepare_waits", "publish", "runnable_threads", "spin_until"]
+__all__ = [
+    "CROWDED_YIELDS",
+    "SpinPolicy",
+    "first_different",
+    "prepare_waits",
+    "publish",
+    "runnable_threads",
+    "spin_until",
+    "yields_for",
+]
 
 #: Spins of a wait while every runnable thread of the machine has a core: about 100 us, as
 #: a peer that is copying a chunk is not worth a futex sleep and wake-up, which cost as
@@ -27,6 +36,15 @@ LONG_SPINS = 40000
 SHORT_SPINS = 64
 #: How often the machine's runnable threads are counted again (seconds).
 RECOUNT = 0.002
+#: How often a wait gives the core away (``sched_yield``) before it sleeps, where the job's
+#: ranks on this host outnumber its cores: the rank it waits for most likely waits for that core.
+CROWDED_YIELDS = 100
+
+
+def yields_for(ranks: int) -> int:
+    """How often a wait gives the core away before it sleeps, for ``ranks`` ranks of the job
+    on this host: ``CROWDED_YIELDS`` where they outnumber the cores, else none."""
+    return CROWDED_YIELDS if ranks > (os.cpu_count() or 1) else 0
 
 
 @jit

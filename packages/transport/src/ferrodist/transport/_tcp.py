@@ -41,6 +41,7 @@ from ._mesh import mesh
 from ._net import local_address
 from ._protocol import DEFAULT_TIMEOUT
 from ._rendezvous import Rendezvous, open_store, open_store_through
+from ._spin import yields_for
 from ._store import KeyValue, StoreClient, StoreServer
 from ._tcp_start import describe_start, report_start_failure, with_start_notes
 
@@ -52,8 +53,6 @@ _DEFAULT_MAX_FRAME = 16 << 30
 _NOTICE_SEND = 0.5
 #: A sendrecv's message up to this size is read straight into its buffer (``Link.take``).
 _DIRECT = 64 << 10
-#: How often a wait gives the core away before it sleeps, where the job's ranks outnumber the cores.
-_YIELDS = 100
 
 
 class TcpTransport:
@@ -240,7 +239,7 @@ class TcpTransport:
         that waits for a message it reads itself gives its core away (``sched_yield``) up to
         100 times before it sleeps in ``poll``: the rank it waits for is most likely one that
         waits for a core, and a sleep and a wake-up cost more than the message."""
-        self.yields = _YIELDS if ranks > (os.cpu_count() or 1) else 0
+        self.yields = yields_for(ranks)
 
     # -- receiving -----------------------------------------------------------------------------
     def _begin(self, link: Link, tag: int, fingerprint: int, length: int) -> Frame:
