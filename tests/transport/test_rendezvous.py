@@ -250,3 +250,44 @@ def test_a_second_process_with_a_rank_long_after_the_start_is_refused_alone(monk
     finally:
         for transport in transports:
             transport.close()
+
+
+def test_a_late_second_process_says_why_even_when_rank_0_closed_the_store_before_it_read():
+    """A second process of rank 1 comes just after the start: it publishes why the job must
+    stop, and rank 0 stops the job and closes its store at once, before this process reads
+    the abort back. It raises its own reason, not the store's going away."""
+    from ferrodist.core import PeerLost
+
+    class Store:
+        store_id = "a store that goes away"
+
+        def __init__(self) -> None:
+            self.data: dict[str, bytes] = {
+                f"{_rendezvous._JOIN}/1/1": b"2 4242 host-a",
+                _rendezvous._STARTED: str(time.time()).encode(),
+                _rendezvous._STOPPED: b"1",
+            }
+            self.counts: dict[str, int] = {f"{_rendezvous._JOIN}/1": 1}
+            self.published = False
+
+        def add(self, key: str, amount: int, timeout: float) -> int:
+            self.counts[key] = self.counts.get(key, 0) + amount
+            return self.counts[key]
+
+        def set(self, key: str, value: object, timeout: float) -> None:
+            if key == _rendezvous._ABORT:
+                self.published = True  # rank 0 sees it, stops its ranks and closes the store
+            self.data[key] = value if isinstance(value, bytes) else str(value).encode()
+
+        def check(self, keys: list[str], timeout: float) -> bool:
+            return all(k in self.data for k in keys) and not (self.published and _rendezvous._ABORT in keys)
+
+        def get(self, key: str, timeout: float) -> bytes:
+            if self.published and key == _rendezvous._ABORT:
+                raise PeerLost("rendezvous store at 127.0.0.1:1: the store is shutting down", peer=0, rank=1)
+            return self.data[key]
+
+    rdv = Rendezvous(Store(), 1, 2, time.monotonic() + 10, "rank 1: joining a job of 2 ranks")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=r"stops it: two processes were started as rank 1 \(pid 4242 on host-a"):
+        rdv.join()
+    assert rdv.aborted

@@ -438,13 +438,13 @@ class Rendezvous:
         except FerrodistError:
             raise error.with_context(self.what) from None
         if since is None:
-            self._raise_abort(timeout)
+            self._raise_abort(timeout, mine=error)
         try:
             stopped = self.store.check([_STOPPED], timeout=timeout)
         except FerrodistError:
             stopped = False
         if stopped:
-            self._raise_abort(timeout, f"rank 0 had started the job {since:.2f} s before, and stops it")
+            self._raise_abort(timeout, f"rank 0 had started the job {since:.2f} s before, and stops it", mine=error)
         self.aborted = True
         raise error.with_context(
             f"{self.what}: the job had already been running for {since:.2f} s when this process came, and runs on "
@@ -460,8 +460,20 @@ class Rendezvous:
         except ValueError:
             return 0.0
 
-    def _raise_abort(self, timeout: float, what_happened: str = "the job cannot start") -> NoReturn:
-        kind, _, reason = self.store.get(_ABORT, timeout=timeout).decode(errors="replace").partition("\n")
+    def _raise_abort(
+        self, timeout: float, what_happened: str = "the job cannot start", mine: FerrodistError | None = None
+    ) -> NoReturn:
+        """Raise the job's published abort. ``mine``: the reason this process published; raised
+        instead where the store is gone before the abort is read (rank 0 stops a started job
+        at once and closes its store, perhaps before the late process that stopped it reads)."""
+        try:
+            published = self.store.get(_ABORT, timeout=timeout)
+        except FerrodistError:
+            if mine is None:
+                raise
+            self.aborted = True
+            raise mine.with_context(f"{self.what}: {what_happened}") from None
+        kind, _, reason = published.decode(errors="replace").partition("\n")
         self.aborted = True
         try:
             self.store.add(_SEEN, 1, timeout=min(1.0, timeout))
