@@ -25,10 +25,13 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ferrodist.core import FerrodistError, PeerLost, ProtocolError
 
+from . import _wire
 from ._aborts import channel_of
-from ._frames import ABORT, DATA, GOODBYE, HEADER, MAGIC, PROTOCOL_VERSION, decode_header, encode_header
+from ._frames import ABORT, DATA, GOODBYE, HEADER, HELLO, MAGIC, PROTOCOL_VERSION, decode_header, encode_header
 from ._matching import Buffer
 
 if TYPE_CHECKING:
@@ -63,6 +66,8 @@ _LOOK = 0.05
 _LAST_WORDS = 0.2
 #: What ``Link.read_direct`` did.
 DIRECT_DONE, DIRECT_WAIT, DIRECT_OTHER, DIRECT_PAYLOAD = range(4)
+_DATA_WORD = _wire.first_word(DATA)
+_WORDS = {kind: _wire.first_word(kind) for kind in (DATA, HELLO, GOODBYE, ABORT)}
 
 
 class Done:
@@ -197,7 +202,10 @@ class Link:
         self.ended = False  # no more frames will be read: GOODBYE, a broken stream, or close
         self.farewell = False  # this rank has said goodbye on it
         # the frame being read (guarded by read_lock)
-        self._header = memoryview(bytearray(HEADER.size))
+        self._head = np.zeros(HEADER.size, np.uint8)
+        self._header = memoryview(self._head)
+        self._words = np.zeros(_wire.HEADER_WORDS, np.int64)  # the header being sent (send_lock)
+        self._message = np.zeros(_wire.MSG_WORDS, np.uint64)
         self._got = 0  # bytes of the header, then of the current piece of payload
         self._frame: Frame | None = None
         self._readable = select.poll()
@@ -373,6 +381,11 @@ class Link:
         ``DIRECT_OTHER`` (a whole header of another message: post pending, then begin that
         frame) or ``DIRECT_PAYLOAD`` (pending's message has begun: its frame is the
         link's now, pending claimed, and the general reader finishes it)."""
+        if _wire.AVAILABLE:
+            try:
+                return self._read_compiled(pending, deadline)
+            except _wire.NotCompiled:  # its code is not ready yet: the same steps in Python
+                pass
         sock, header, yields = self.sock, self._header, self.transport.yields
         try:
             while self._got < HEADER.size:
@@ -423,6 +436,37 @@ class Link:
         frame.piece = view
         pending.claimed = True
         self._frame, self._got = frame, got
+        return DIRECT_PAYLOAD
+
+    def _read_compiled(self, pending: Pending, deadline: float) -> int:
+        """``read_direct``'s steps as one compiled call (``_wire.receive_frame``), while the
+        socket has bytes or the wait may give the core away; a poll between calls."""
+        tag, fingerprint, buf = _wire.signed(pending.tag), _wire.signed(pending.fingerprint), pending.buf
+        yields = self.transport.yields
+        while True:
+            result = _wire.receive(self.fd, self._head, self._got, _DATA_WORD, tag, self.recv_seq, fingerprint, buf, yields)
+            status, count = result & 7, result >> 3
+            if status != _wire.WAIT:
+                break
+            self._got, yields = count, 0
+            if not self._wait(self._readable, min(deadline, time.monotonic() + _LOOK)):
+                return DIRECT_WAIT  # the general reader looks at aborts and the deadline
+        if status == _wire.FAILED:  # errno, or 0: the stream ended (the general reader says so)
+            if count:
+                self._failed(OSError(count, os.strerror(count)))
+            return DIRECT_WAIT
+        if status == _wire.OTHER:
+            self._got = HEADER.size
+            return DIRECT_OTHER
+        self._got = 0
+        self.recv_seq += 1
+        if status == _wire.DONE:
+            pending.done = True
+            return DIRECT_DONE
+        frame = Frame(pending.tag, pending.fingerprint, pending, None)
+        frame.piece = memoryview(buf)  # type: ignore[arg-type]
+        pending.claimed = True
+        self._frame, self._got = frame, count
         return DIRECT_PAYLOAD
 
     def take(self, pending: Pending, deadline: float) -> None:
@@ -525,24 +569,41 @@ class Link:
         nbytes = 0 if payload is None else payload.nbytes
         deadline = time.monotonic() + timeout
         with self.send_lock:
+            if payload is not None and 0 < nbytes <= _SMALL and _wire.AVAILABLE:
+                try:  # header and payload in one system call from compiled code
+                    sent = _wire.send(
+                        self.fd, self._words, _WORDS[kind], _wire.signed(tag), self.send_seq,
+                        _wire.signed(fingerprint), payload, self._message,
+                    )  # fmt: skip
+                except _wire.NotCompiled:  # its code is not ready yet: the same steps in Python
+                    pass
+                else:
+                    self.send_seq += 1
+                    if sent < 0:
+                        raise OSError(-sent, os.strerror(-sent))
+                    self._finish(memoryview(self._words).cast("B"), payload, sent, deadline)
+                    return
             header = encode_header(kind, tag, self.send_seq, fingerprint, nbytes)
             self.send_seq += 1
             if payload is None or nbytes == 0:
                 self._write(memoryview(header), deadline)
             elif nbytes <= _SMALL:
-                body = memoryview(payload).cast("B")  # type: ignore[arg-type]
                 try:  # header and payload in one system call, no joined copy
-                    sent = self.sock.sendmsg((header, body))
+                    sent = self.sock.sendmsg((header, payload))
                 except BlockingIOError:
                     sent = 0
-                if sent < len(header):
-                    self._write(memoryview(header)[sent:], deadline)
-                    sent = len(header)
-                if sent - len(header) < nbytes:
-                    self._write(body[sent - len(header) :], deadline)
+                self._finish(memoryview(header), payload, sent, deadline)
             else:
                 self._write(memoryview(header), deadline)
                 self._write(memoryview(payload).cast("B"), deadline)  # type: ignore[arg-type]
+
+    def _finish(self, header: memoryview, payload: Buffer, sent: int, deadline: float) -> None:
+        """Write what is left of a frame of which ``sent`` bytes are out."""
+        if sent < len(header):
+            self._write(header[sent:], deadline)
+            sent = len(header)
+        if sent - len(header) < payload.nbytes:
+            self._write(memoryview(payload).cast("B")[sent - len(header) :], deadline)  # type: ignore[arg-type]
 
     def _write(self, view: memoryview, deadline: float) -> None:
         sent, count = 0, len(view)

@@ -1,0 +1,256 @@
+"""A small frame's system calls from compiled code: ``send_frame`` writes a header and its
+payload with one ``sendmsg``, ``receive_frame`` reads the next frame's header, checks it
+against the message a caller waits for, and reads the payload into the caller's buffer.
+
+They do what ``Link.send`` and ``Link.read_direct`` do for a small message, without the
+interpreter between the system calls: a small exchange between two nodes spent more CPU in
+Python than in the kernel. Neither waits: the socket is non-blocking, a wait for room or for
+bytes goes back to the caller (``receive_frame`` first gives its core away up to ``yields``
+times, as ``read_direct`` does where the ranks outnumber the cores). They are called through
+core's background fronts, so the first calls of a process, before their code is compiled or
+loaded from Numba's cache, take the Python path, and so does a platform where the layout of
+``struct msghdr`` below does not hold (64-bit Linux only).
+
+libc is called by symbol from the compiled code (no ctypes pointer is baked in), so the
+code goes to Numba's cache like any kernel.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+import sys
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ferrodist.core.kernels import NotCompiled, background, jit, prepare
+
+from ._frames import DATA, HEADER, MAGIC, PROTOCOL_VERSION
+
+__all__ = [
+    "AVAILABLE",
+    "DONE",
+    "FAILED",
+    "HEADER_WORDS",
+    "NotCompiled",
+    "OTHER",
+    "PAYLOAD",
+    "WAIT",
+    "first_word",
+    "prepare_wire",
+    "receive",
+    "send",
+    "signed",
+]
+
+#: 64-bit Linux: the ``msghdr`` layout and the flag and errno values used here hold.
+AVAILABLE = sys.platform == "linux" and sys.maxsize > 2**32 and sys.byteorder == "little"
+_MSG_DONTWAIT, _MSG_NOSIGNAL = 0x40, 0x4000
+_EAGAIN, _EINTR = errno.EAGAIN, errno.EINTR
+_HEADER = HEADER.size  # 40 bytes: five little-endian 64-bit words
+HEADER_WORDS = _HEADER // 8
+#: ``send_frame``'s scratch: a ``struct msghdr`` (7 words) and two ``struct iovec`` (4 words).
+MSG_WORDS = 11
+#: What ``receive_frame`` did (the low 3 bits of its result; the rest is a count).
+DONE, WAIT, OTHER, PAYLOAD, FAILED = range(5)
+
+
+def first_word(kind: int) -> int:
+    """The first header word of a frame of ``kind``: magic, version, kind, reserved."""
+    return signed(int.from_bytes(struct.pack("<4sBBH", MAGIC, PROTOCOL_VERSION, kind, 0), "little"))
+
+
+def signed(word: int) -> int:
+    """A 64-bit word (a tag, a fingerprint) as the int64 the compiled code takes."""
+    return word - (1 << 64) if word >= 1 << 63 else word
+
+
+_DATA_WORD = first_word(DATA)
+
+
+def _libc(name: str, ret: ir.Type, *params: ir.Type) -> Any:
+    def call(builder: Any, *args: Any) -> Any:
+        fnty = ir.FunctionType(ret, list(params))
+        return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), list(args))
+
+    return call
+
+
+_I32, _I64 = ir.IntType(32), ir.IntType(64)
+_PTR = ir.IntType(8).as_pointer()
+_recv = _libc("recv", _I64, _I32, _PTR, _I64, _I32)
+_sendmsg = _libc("sendmsg", _I64, _I32, _PTR, _I32)
+_errno_location = _libc("__errno_location", _I32.as_pointer())
+_sched_yield = _libc("sched_yield", _I32)
+
+
+@intrinsic
+def sys_recv(typingctx: Any, fd: Any, address: Any, count: Any, flags: Any) -> Any:
+    """``recv(fd, address, count, flags)``: bytes read, 0 at the end of the stream, or -errno."""
+    sig = types.int64(types.int64, types.int64, types.int64, types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        fd, address, count, flags = args
+        got = _recv(builder, builder.trunc(fd, _I32), builder.inttoptr(address, _PTR), count, builder.trunc(flags, _I32))
+        return _or_errno(builder, got)
+
+    return sig, codegen
+
+
+@intrinsic
+def sys_sendmsg(typingctx: Any, fd: Any, message: Any, flags: Any) -> Any:
+    """``sendmsg(fd, message, flags)``: bytes sent, or -errno."""
+    sig = types.int64(types.int64, types.int64, types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        fd, message, flags = args
+        sent = _sendmsg(builder, builder.trunc(fd, _I32), builder.inttoptr(message, _PTR), builder.trunc(flags, _I32))
+        return _or_errno(builder, sent)
+
+    return sig, codegen
+
+
+@intrinsic
+def sys_yield(typingctx: Any) -> Any:
+    """``sched_yield()``: give the core to another runnable thread."""
+    sig = types.int64()
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.sext(_sched_yield(builder), _I64)
+
+    return sig, codegen
+
+
+def _or_errno(builder: Any, result: Any) -> Any:
+    """``result`` of a call that returns -1 and sets errno: the result, or -errno."""
+    code = builder.sext(builder.load(_errno_location(builder)), _I64)
+    return builder.select(builder.icmp_signed("<", result, ir.Constant(_I64, 0)), builder.neg(code), result)
+
+
+@intrinsic
+def address(typingctx: Any, array: Any) -> Any:
+    """Where ``array``'s data starts, as an int64."""
+    if not isinstance(array, types.Array):
+        return None
+    sig = types.int64(array)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, _I64)
+
+    return sig, codegen
+
+
+@jit
+def send_frame(
+    fd: int, header: Any, word: int, tag: int, sequence: int, fingerprint: int, payload: Any, message: Any
+) -> int:
+    """Write one frame (its header into ``header``, then header and payload with ``sendmsg``)
+    until it is out or the socket has no room. Returns the bytes sent (fewer than the frame's
+    when the socket had no room: the caller writes the rest), or -errno."""
+    length = payload.size
+    header[0] = word
+    header[1] = tag
+    header[2] = sequence
+    header[3] = fingerprint
+    header[4] = length
+    total = _HEADER + length
+    sent = 0
+    iov = address(message) + 56  # the iovecs follow the msghdr's 7 words
+    while sent < total:
+        if sent < _HEADER:
+            message[7] = address(header) + sent
+            message[8] = _HEADER - sent
+            message[9] = address(payload)
+            message[10] = length
+            message[3] = 2 if length else 1
+        else:
+            message[7] = address(payload) + (sent - _HEADER)
+            message[8] = total - sent
+            message[3] = 1
+        message[0] = 0  # no address
+        message[1] = 0
+        message[2] = iov
+        message[4] = 0  # no control data
+        message[5] = 0
+        message[6] = 0
+        n = sys_sendmsg(fd, address(message), _MSG_DONTWAIT | _MSG_NOSIGNAL)
+        if n < 0:
+            if n == -_EINTR:
+                continue
+            return sent if n == -_EAGAIN else n
+        sent += n
+    return sent
+
+
+@jit
+def receive_frame(
+    fd: int, header: Any, got: int, word: int, tag: int, sequence: int, fingerprint: int, buf: Any, yields: int
+) -> int:
+    """Read the rest of the next frame's header into ``header`` (``got`` bytes of it are in)
+    and, if it is the DATA frame of ``tag``, ``sequence`` and ``buf``'s size (and of
+    ``fingerprint`` where both sides give one), its payload into ``buf``. Gives the core away
+    up to ``yields`` times while nothing has come. Returns ``status + 8 * count``: DONE
+    (``buf`` filled), WAIT (``count`` header bytes in: nothing more now, or the stream
+    ended), OTHER (a whole header of another frame), PAYLOAD (``count`` payload bytes in, the
+    rest still coming) or FAILED (``count`` is errno)."""
+    base = address(header)
+    while got < _HEADER:
+        n = sys_recv(fd, base + got, _HEADER - got, _MSG_DONTWAIT)
+        if n > 0:
+            got += n
+        elif n == 0:
+            return WAIT + 8 * got
+        elif n == -_EINTR:
+            continue
+        elif n != -_EAGAIN:
+            return FAILED + 8 * -n
+        elif yields > 0:
+            yields -= 1
+            sys_yield()
+        else:
+            return WAIT + 8 * got
+    words = header.view(np.int64)
+    length = buf.size
+    if words[0] != word or words[1] != tag or words[2] != sequence or words[4] != length:
+        return OTHER + 8 * _HEADER
+    if words[3] != fingerprint and words[3] != 0 and fingerprint != 0:
+        return OTHER + 8 * _HEADER
+    into = address(buf)
+    done = 0
+    while done < length:
+        n = sys_recv(fd, into + done, length - done, _MSG_DONTWAIT)
+        if n > 0:
+            done += n
+        elif n == -_EINTR:
+            continue
+        elif n == -_EAGAIN and yields > 0:
+            yields -= 1
+            sys_yield()
+        else:
+            break  # nothing more now, the end of the stream or a failure: the general reader says which
+    return (DONE if done == length else PAYLOAD) + 8 * done
+
+
+send = background(send_frame)
+receive = background(receive_frame)
+
+
+def prepare_wire() -> None:
+    """Queue the compile (or the cache load) of both functions for the types the links pass."""
+    if not AVAILABLE:
+        return
+    i, words = types.int64, types.Array(types.int64, 1, "C")
+    raw = types.Array(types.uint8, 1, "C")
+    prepare(
+        [
+            (send, (i, words, i, i, i, i, raw, types.Array(types.uint64, 1, "C"))),
+            (send, (i, words, i, i, i, i, types.Array(types.uint8, 1, "C", readonly=True), types.Array(types.uint64, 1, "C"))),
+            (receive, (i, raw, i, i, i, i, i, raw, i)),
+        ]
+    )
