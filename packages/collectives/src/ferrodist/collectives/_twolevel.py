@@ -56,6 +56,7 @@ _LEADERS = 0x7FF  # the step number of the leaders' cross-node step
 _SHARD, _COPY, _NODE_BLOCKS, _REMOTE, _PACKED = 8, 9, 10, 11, 12
 
 Body = Callable[..., None]
+Reduce = Callable[[Array, Sequence[Array], float], None]
 
 
 class Levels:
@@ -101,6 +102,8 @@ class Levels:
         assert dt is not None
         if operation == "all_reduce":
             assert op is not None
+            if len(self.nodes.members) == 2 and self.even and (self.inner is None or self.native is not None):
+                return self._pairs_all_reduce(dt, op)
             return lambda call, x: self._run(call, Steps.all_reduce, x, dt, op)
         if operation == "broadcast":
             assert root is not None
@@ -114,6 +117,43 @@ class Levels:
             assert op is not None
             return lambda call, out, blocks: self._run(call, Steps.reduce_scatter, out, dt, blocks, op)
         raise AssertionError(f"the two levels do not run {operation}")
+
+    def _pairs_all_reduce(self, dt: DType, op: ReduceOp) -> Body:
+        """all_reduce on two nodes of equal size with a shared-memory arena: up to
+        ``PAIRS_BYTES``, ``Steps``' node all_reduce and exchange with the peer node, with
+        what depends only on the count worked out once (the fingerprints, the reduce); the
+        same steps, tags and bits. Larger calls go through ``Steps.all_reduce``."""
+        inside, reduce, divisor = (
+            ReduceOp.SUM if op is ReduceOp.AVG else op,
+            reducer(dt, op),
+            op.divisor(self.world_size),
+        )
+        prints: dict[int, tuple[int, int]] = {}
+        mine = self.peers.index(self.me)
+        peer = self.peers[1 - mine]
+
+        def body(call: Call, x: Array) -> None:
+            n = x.shape[0]
+            if not 0 < x.nbytes <= PAIRS_BYTES:
+                self._run(call, Steps.all_reduce, x, dt, op)
+                return
+            fps = prints.get(n)
+            if fps is None:
+                if len(prints) > 256:
+                    prints.clear()
+                fps = prints[n] = (fingerprint("all_reduce", dt, n, inside), fingerprint("all_reduce", dt, n, op))
+            try:
+                if self.native is not None:
+                    try:
+                        self.native.all_reduce(x, dt, inside, call.deadline, fps[0], call.seq)
+                    except FerrodistError as exc:
+                        exc.inside_node = True  # type: ignore[attr-defined]
+                        raise
+                swap(self.world, call, x, peer, mine, call.tag ^ (_LEADERS << _STEP_SHIFT), fps[1], reduce, divisor)
+            except FerrodistError as exc:
+                raise self.failed(exc, call.seq) from None
+
+        return body
 
     def _run(self, call: Call, steps: Callable[..., None], *args: Any) -> None:
         try:
@@ -173,6 +213,17 @@ class Levels:
             self.native = None
         if inner is not None:
             inner.close()
+
+
+def swap(
+    world: Transport, call: Call, x: Array, peer: int, mine: int, tag: int, fp: int, reduce: Reduce, divisor: float
+) -> None:
+    """All_reduce ``x`` with ``peer`` over ``world``: one exchange, then the two reduced with
+    the lower index's data first (as recursive doubling does; ``mine``: this rank's index, 0
+    or 1), so both get the same bits."""
+    incoming = call.scratch.get(0, x.shape[0], x.dtype)
+    world.sendrecv(x, peer, incoming, peer, tag, timeout=call.remaining(), fingerprint=fp)
+    reduce(x, (incoming, x) if mine else (x, incoming), divisor)
 
 
 def _inner(exc: FerrodistError) -> bool:
@@ -281,12 +332,9 @@ class Steps:
         divisor = op.divisor(lv.world_size)
         fp = fingerprint("all_reduce", dt, x.shape[0], op)
         if len(ranks) == 2 and x.nbytes <= SMALL_MESSAGE_BYTES:  # two nodes: one exchange, as recursive doubling's
-            call, mine = self._call, ranks.index(lv.me)
-            peer = ranks[1 - mine]
-            incoming = call.scratch.get(0, x.shape[0], x.dtype)
-            tag = call.tag ^ (step << _STEP_SHIFT)
-            lv.world.sendrecv(x, peer, incoming, peer, tag, timeout=call.remaining(), fingerprint=fp)
-            reducer(dt, op)(x, (incoming, x) if mine else (x, incoming), divisor)  # the lower index's data first
+            mine = ranks.index(lv.me)
+            tag = self._call.tag ^ (step << _STEP_SHIFT)
+            swap(lv.world, self._call, x, ranks[1 - mine], mine, tag, fp, reducer(dt, op), divisor)
             return
         c = self.across(ranks, step, fp)
         run = _ring.all_reduce

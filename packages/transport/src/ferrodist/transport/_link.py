@@ -1,12 +1,7 @@
-"""A TCP transport's connection to one peer (``Link``) and the records of its messages:
-a posted receive (``Pending``, ``Recv``), a frame being read (``Frame``), a message that
-arrives before its receive is posted (``Arrival``).
+"""A TCP transport's connection to one peer (``Link``).
 
-No length read from the wire is reserved before its bytes come: a frame whose receive is
-posted is read into that receive's buffer (and one that does not fit it is read and
-dropped through a small scratch buffer); a message nobody waits for yet is kept in pieces
-allocated as its bytes arrive (``PIECE``, then at most as much again as has come); an
-abort notice or a goodbye is read whole, but announcing more than ``NOTICE_LIMIT`` bytes
+What a frame's header announces is not reserved before its bytes come (see ``_records``);
+an abort notice or a goodbye is read whole, but announcing more than ``NOTICE_LIMIT`` bytes
 is a ``ProtocolError``.
 
 The link's socket is non-blocking and its reader resumable: whoever holds its read lock
@@ -33,29 +28,14 @@ from . import _wire
 from ._aborts import channel_of
 from ._frames import ABORT, DATA, GOODBYE, HEADER, HELLO, MAGIC, PROTOCOL_VERSION, decode_header, encode_header
 from ._matching import Buffer
+from ._records import Frame, Pending
 
 if TYPE_CHECKING:
     from ._tcp import TcpTransport
 
-__all__ = [
-    "DIRECT_DONE",
-    "DIRECT_OTHER",
-    "DIRECT_PAYLOAD",
-    "DIRECT_WAIT",
-    "DONE",
-    "NOTICE_LIMIT",
-    "PIECE",
-    "Arrival",
-    "Done",
-    "Frame",
-    "Link",
-    "Pending",
-    "Recv",
-]
+__all__ = ["DIRECT_DONE", "DIRECT_OTHER", "DIRECT_PAYLOAD", "DIRECT_WAIT", "NOTICE_LIMIT", "Link"]
 
 _SMALL = 64 << 10  # payloads up to this size go out in one write with their header
-#: The first piece of a message that arrives before its receive (and of a scratch buffer).
-PIECE = 1 << 20
 #: The most bytes an abort notice or a goodbye's reason may take (a JSON error: a few KiB).
 NOTICE_LIMIT = 1 << 20
 #: Seconds a link stays with the callers after their last claim before its thread reads it again.
@@ -68,105 +48,6 @@ _LAST_WORDS = 0.2
 DIRECT_DONE, DIRECT_WAIT, DIRECT_OTHER, DIRECT_PAYLOAD = range(4)
 _DATA_WORD = _wire.first_word(DATA)
 _WORDS = {kind: _wire.first_word(kind) for kind in (DATA, HELLO, GOODBYE, ABORT)}
-
-
-class Done:
-    """A send: complete when ``isend`` returns (the bytes are in the kernel's hands)."""
-
-    def wait(self, timeout: float | None = None) -> None:
-        return None
-
-    def is_completed(self) -> bool:
-        return True
-
-
-DONE = Done()
-
-
-class Pending:
-    __slots__ = ("buf", "claimed", "done", "error", "fingerprint", "tag")
-
-    def __init__(self, buf: Buffer, tag: int, fingerprint: int) -> None:
-        self.buf = buf
-        self.tag = tag
-        self.fingerprint = fingerprint
-        self.claimed = False  # the receiver thread is reading into buf
-        self.done = False
-        self.error: BaseException | None = None
-
-
-class Arrival:
-    """A message that arrives before its receive is posted: its header, and its payload in
-    pieces as they come (``done`` once whole). A receive posted while it arrives takes it
-    (``taker``) and is filled when it is whole; ``dropped``: nobody will take it (its
-    channel was aborted, or it did not fit the receive that took it)."""
-
-    __slots__ = ("done", "dropped", "fingerprint", "length", "pieces", "received", "tag", "taker")
-
-    def __init__(self, tag: int, fingerprint: int, length: int) -> None:
-        self.tag = tag
-        self.fingerprint = fingerprint
-        self.length = length
-        self.pieces: list[bytearray] = []
-        self.received = 0  # bytes of the pieces allocated so far (each one full before the next)
-        self.done = False
-        self.dropped = False
-        self.taker: Pending | None = None
-
-    def drop(self) -> None:
-        self.dropped = True
-        self.pieces = []
-
-
-class Recv:
-    """A posted receive; ``wait`` blocks on the transport's condition variable."""
-
-    def __init__(self, transport: TcpTransport, pending: Pending, src: int) -> None:
-        self._t = transport
-        self._p = pending
-        self._src = src
-
-    def is_completed(self) -> bool:
-        return self._p.done
-
-    def wait(self, timeout: float | None = None) -> None:
-        self._t._wait_recv(self._p, self._src, self._t.timeout if timeout is None else timeout)
-
-
-class Frame:
-    """A frame being read: where its payload goes (a posted receive's buffer; the pieces of
-    an ``Arrival``; a scratch buffer, to drop one that nobody will take; a notice's bytes)
-    and how much is left to place."""
-
-    __slots__ = ("arrival", "error", "fingerprint", "kind", "left", "payload", "pending", "piece", "tag")
-
-    def __init__(
-        self, tag: int, fingerprint: int, pending: Pending | None, error: BaseException | None, kind: int = DATA
-    ) -> None:
-        self.kind = kind
-        self.tag = tag
-        self.fingerprint = fingerprint
-        self.pending = pending
-        self.error = error
-        self.arrival: Arrival | None = None
-        self.payload: bytearray | None = None  # a notice's bytes, or the scratch of a dropped frame
-        self.piece = memoryview(b"")
-        self.left = 0
-
-    def next_piece(self) -> None:
-        """Where the next bytes go: a new piece of the arrival (at most as large as what has
-        come, 1 MiB at first), or the scratch buffer (made once, 1 MiB at most)."""
-        arrival = self.arrival
-        if arrival is not None and not arrival.dropped:
-            piece = bytearray(min(self.left, max(PIECE, arrival.received)))
-            arrival.pieces.append(piece)
-            arrival.received += len(piece)
-            self.piece = memoryview(piece)
-        else:
-            if self.payload is None:
-                self.payload = bytearray(min(self.left, PIECE))
-            self.piece = memoryview(self.payload)[: min(self.left, len(self.payload))]
-        self.left -= len(self.piece)
 
 
 class Link:
@@ -438,17 +319,21 @@ class Link:
         self._frame, self._got = frame, got
         return DIRECT_PAYLOAD
 
-    def _read_compiled(self, pending: Pending, deadline: float) -> int:
+    def _read_compiled(self, pending: Pending, deadline: float, result: int | None = None) -> int:
         """``read_direct``'s steps as one compiled call (``_wire.receive_frame``), while the
-        socket has bytes or the wait may give the core away; a poll between calls."""
+        socket has bytes or the wait may give the core away; a poll between calls. ``result``:
+        that of a call made already (``exchange``)."""
         tag, fingerprint, buf = _wire.signed(pending.tag), _wire.signed(pending.fingerprint), pending.buf
         yields = self.transport.yields
         while True:
-            result = _wire.receive(self.fd, self._head, self._got, _DATA_WORD, tag, self.recv_seq, fingerprint, buf, yields)
+            if result is None:
+                result = _wire.receive(
+                    self.fd, self._head, self._got, _DATA_WORD, tag, self.recv_seq, fingerprint, buf, yields
+                )
             status, count = result & 7, result >> 3
             if status != _wire.WAIT:
                 break
-            self._got, yields = count, 0
+            self._got, yields, result = count, 0, None
             if not self._wait(self._readable, min(deadline, time.monotonic() + _LOOK)):
                 return DIRECT_WAIT  # the general reader looks at aborts and the deadline
         if status == _wire.FAILED:  # errno, or 0: the stream ended (the general reader says so)
@@ -474,24 +359,82 @@ class Link:
         its buffer where nothing can be in the way (``read_direct``), else post it as
         ``irecv`` does (a message that came meanwhile was kept for it) for the general
         reader (``read_for``)."""
-        t, src, tag = self.transport, self.peer, pending.tag
         if self.ended or not self.read_lock.acquire(blocking=False):
-            t._post(pending, src)
+            self.transport._post(pending, self.peer)
             return
-        try:  # reads of dicts that other threads change only under the lock: each as atomic as the GIL makes it
-            clear = self._frame is None and t._aborts.error(channel_of(tag)) is None
-            clear = clear and t._mailbox.quiet(src, tag) and src not in t._lost
-            outcome = self.read_direct(pending, deadline) if clear else DIRECT_WAIT
-            if outcome in (DIRECT_WAIT, DIRECT_OTHER):
-                t._post(pending, src)
-            if outcome == DIRECT_OTHER:  # a whole header is in: begin its frame as advance would
-                try:
-                    self._got = 0
-                    self._frame = self._begin()
-                except Exception as exc:
-                    self._failed(exc)
+        try:
+            self._settle(pending, self.read_direct(pending, deadline) if self._clear(pending.tag) else DIRECT_WAIT)
         finally:
             self.let_go()
+
+    def exchange(self, payload: Buffer, pending: Pending, deadline: float) -> bool:
+        """A small ``sendrecv`` with this peer both ways, on the claimed link: the frame out
+        and, where nothing can be in the way (as in ``take``), pending's message read into
+        its buffer, in one compiled call (``_wire.exchange_frames``); what that leaves
+        undone goes on as ``send`` and ``take`` would. False: nothing was sent (the code is
+        not ready yet, or the link is not clear), the caller sends and takes as usual.
+        Raises what ``send`` raises."""
+        with self.send_lock:
+            if self.ended or not self.read_lock.acquire(blocking=False):
+                return False
+            try:
+                if not self._clear(pending.tag):
+                    return False
+                try:
+                    result = _wire.exchange(
+                        self.fd, self._words, _wire.signed(pending.tag), self.send_seq,
+                        _wire.signed(pending.fingerprint), payload, self._message, self._head, self._got,
+                        self.recv_seq, pending.buf, self.transport.yields,
+                    )  # fmt: skip
+                except _wire.NotCompiled:
+                    return False
+                self.send_seq += 1
+                status = result & 7
+                if status == _wire.DONE:  # the common case
+                    self._got = 0
+                    self.recv_seq += 1
+                    pending.done = True
+                    return True
+                if status == _wire.WAIT:  # not here yet: take() waits for it without the send lock
+                    self._got = result >> 3
+                elif status != _wire.UNSENT:
+                    self._settle(pending, self._read_compiled(pending, deadline, result))
+                    return True
+            finally:
+                self.let_go()
+            if status == _wire.UNSENT:
+                sent = int(self._message[_wire.SENT])
+                if sent < 0:
+                    raise OSError(-sent, os.strerror(-sent))
+                self._finish(memoryview(self._words).cast("B"), payload, sent, deadline)
+        self.take(pending, deadline)
+        return True
+
+    def _clear(self, tag: int) -> bool:
+        """Nothing can come before the message of ``tag`` on this link: no frame begun, no
+        abort of its channel, no receive or kept message of its tag, the peer not lost (the
+        caller holds ``read_lock``; the dicts other threads change only under the
+        transport's lock, each read as atomic as the GIL makes it)."""
+        t = self.transport
+        return (
+            self._frame is None
+            and t._aborts.error(channel_of(tag)) is None
+            and t._mailbox.quiet(self.peer, tag)
+            and self.peer not in t._lost
+        )
+
+    def _settle(self, pending: Pending, outcome: int) -> None:
+        """After a direct read (the caller holds ``read_lock``): post pending for the general
+        reader unless it is filled or its frame is the link's now; begin the frame of
+        another message whose header is in."""
+        if outcome in (DIRECT_WAIT, DIRECT_OTHER):
+            self.transport._post(pending, self.peer)
+        if outcome == DIRECT_OTHER:  # a whole header is in: begin its frame as advance would
+            try:
+                self._got = 0
+                self._frame = self._begin()
+            except Exception as exc:
+                self._failed(exc)
 
     def last_words(self, channel: int) -> FerrodistError | None:
         """After a send to this peer broke: read the frames it sent before it left, if they

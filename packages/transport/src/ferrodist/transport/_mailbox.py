@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ._link import Arrival, Pending
 from ._matching import check_match
+from ._records import Arrival, Pending
 
 
 class Mailbox:

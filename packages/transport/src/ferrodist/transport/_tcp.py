@@ -34,17 +34,18 @@ from ._aborts import Aborts, Notice, channel_of, decode_notice, departure, encod
 from ._accept import Refusals
 from ._auth import job_secret, where_to_listen
 from ._frames import ABORT, DATA, GOODBYE
-from ._link import DONE, NOTICE_LIMIT, Done, Frame, Link, Pending, Recv
+from ._link import NOTICE_LIMIT, Link
 from ._mailbox import Mailbox
 from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
 from ._mesh import mesh
 from ._net import local_address
 from ._protocol import DEFAULT_TIMEOUT
+from ._records import DONE, Done, Frame, Pending, Recv
 from ._rendezvous import Rendezvous, open_store, open_store_through
 from ._spin import yields_for
-from ._wire import prepare_wire
 from ._store import KeyValue, StoreClient, StoreServer
 from ._tcp_start import describe_start, report_start_failure, with_start_notes
+from ._wire import prepare_wire
 
 __all__ = ["TcpTransport"]
 
@@ -373,13 +374,21 @@ class TcpTransport:
         self._send(as_bytes(buf, "send"), dst, tag, fingerprint, self._timeout if timeout is None else timeout)
         return DONE
 
-    def _send(self, payload: Buffer, dst: int, tag: int, fingerprint: int, limit: float) -> None:
+    def _send(
+        self, payload: Buffer, dst: int, tag: int, fingerprint: int, limit: float, reply: Pending | None = None
+    ) -> bool:
+        """Send one message to ``dst``. ``reply``: a small one's receive from ``dst`` too, in the
+        same call where the link allows (``Link.exchange``); False if it did not, and nothing
+        was sent then."""
         lost = self._aborts.error(channel_of(tag)) or self._lost.get(self._rank) or self._lost.get(dst)
         if lost is not None:
             raise fresh(lost, f"rank {self._rank} cannot send to rank {dst}")
         link = self._links[dst]
         try:
+            if reply is not None:
+                return link.exchange(payload, reply, time.monotonic() + limit)
             link.send(DATA, tag, fingerprint, payload, limit)
+            return True
         except TimeoutError:
             stalled = CollectiveTimeout(
                 f"rank {self._rank} could not hand {payload.nbytes} bytes to rank {dst} within {limit:g} s: "
@@ -431,15 +440,18 @@ class TcpTransport:
         # A small exchange sends first and reads its message straight into its buffer after
         # (Link.take). A large one posts its receive first, so that while its send waits for
         # room the bytes that come land in the buffer (_progress), not in a kept copy.
+        # With the same peer both ways, one compiled call can do both (Link.exchange).
         direct = pending.buf.nbytes <= _DIRECT and payload.nbytes <= _DIRECT
         link.claim()
         try:
             if not direct:
                 self._post(pending, src)
-            self._send(payload, dst, tag, fingerprint, max(0.0, deadline - time.monotonic()))
-            if direct:
-                link.take(pending, deadline)
-            self._wait_recv(pending, src, max(0.0, deadline - time.monotonic()), claimed=True)
+            if not (direct and src == dst and self._send(payload, dst, tag, fingerprint, limit, pending)):
+                self._send(payload, dst, tag, fingerprint, max(0.0, deadline - time.monotonic()))
+                if direct:
+                    link.take(pending, deadline)
+            if not pending.done or pending.error is not None:
+                self._wait_recv(pending, src, max(0.0, deadline - time.monotonic()), claimed=True)
         finally:
             link.unclaim()
 

@@ -37,10 +37,14 @@ __all__ = [
     "DONE",
     "FAILED",
     "HEADER_WORDS",
-    "NotCompiled",
+    "MSG_WORDS",
     "OTHER",
     "PAYLOAD",
+    "SENT",
+    "UNSENT",
     "WAIT",
+    "NotCompiled",
+    "exchange",
     "first_word",
     "prepare_wire",
     "receive",
@@ -54,10 +58,12 @@ _MSG_DONTWAIT, _MSG_NOSIGNAL = 0x40, 0x4000
 _EAGAIN, _EINTR = errno.EAGAIN, errno.EINTR
 _HEADER = HEADER.size  # 40 bytes: five little-endian 64-bit words
 HEADER_WORDS = _HEADER // 8
-#: ``send_frame``'s scratch: a ``struct msghdr`` (7 words) and two ``struct iovec`` (4 words).
-MSG_WORDS = 11
-#: What ``receive_frame`` did (the low 3 bits of its result; the rest is a count).
-DONE, WAIT, OTHER, PAYLOAD, FAILED = range(5)
+#: ``send_frame``'s scratch: a ``struct msghdr`` (7 words), two ``struct iovec`` (4 words),
+#: and where ``exchange_frames`` leaves what its send did (``SENT``).
+MSG_WORDS, SENT = 12, 11
+#: What ``receive_frame`` or ``exchange_frames`` did (the low 3 bits of the result; the
+#: rest is a count).
+DONE, WAIT, OTHER, PAYLOAD, FAILED, UNSENT = range(6)
 
 
 def first_word(kind: int) -> int:
@@ -70,7 +76,7 @@ def signed(word: int) -> int:
     return word - (1 << 64) if word >= 1 << 63 else word
 
 
-_DATA_WORD = first_word(DATA)
+_DATA_WORD = first_word(DATA)  # a compile-time constant of exchange_frames
 
 
 def _libc(name: str, ret: ir.Type, *params: ir.Type) -> Any:
@@ -96,7 +102,9 @@ def sys_recv(typingctx: Any, fd: Any, address: Any, count: Any, flags: Any) -> A
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         fd, address, count, flags = args
-        got = _recv(builder, builder.trunc(fd, _I32), builder.inttoptr(address, _PTR), count, builder.trunc(flags, _I32))
+        got = _recv(
+            builder, builder.trunc(fd, _I32), builder.inttoptr(address, _PTR), count, builder.trunc(flags, _I32)
+        )
         return _or_errno(builder, got)
 
     return sig, codegen
@@ -196,16 +204,16 @@ def receive_frame(
     and, if it is the DATA frame of ``tag``, ``sequence`` and ``buf``'s size (and of
     ``fingerprint`` where both sides give one), its payload into ``buf``. Gives the core away
     up to ``yields`` times while nothing has come. Returns ``status + 8 * count``: DONE
-    (``buf`` filled), WAIT (``count`` header bytes in: nothing more now, or the stream
-    ended), OTHER (a whole header of another frame), PAYLOAD (``count`` payload bytes in, the
-    rest still coming) or FAILED (``count`` is errno)."""
+    (``buf`` filled), WAIT (``count`` header bytes in, nothing more now), OTHER (a whole
+    header of another frame), PAYLOAD (``count`` payload bytes in, the rest still coming) or
+    FAILED (``count`` is errno; 0: the stream ended)."""
     base = address(header)
     while got < _HEADER:
         n = sys_recv(fd, base + got, _HEADER - got, _MSG_DONTWAIT)
         if n > 0:
             got += n
         elif n == 0:
-            return WAIT + 8 * got
+            return FAILED  # errno 0: the stream ended
         elif n == -_EINTR:
             continue
         elif n != -_EAGAIN:
@@ -237,20 +245,41 @@ def receive_frame(
     return (DONE if done == length else PAYLOAD) + 8 * done
 
 
+@jit
+def exchange_frames(
+    fd: int, words: Any, tag: int, sequence: int, fingerprint: int, payload: Any, message: Any,
+    header: Any, got: int, expected: int, buf: Any, yields: int,
+) -> int:  # fmt: skip
+    """One small exchange with a peer: ``send_frame`` of a DATA frame, then, once all of it
+    is out, ``receive_frame`` of the peer's frame ``expected`` (same tag and fingerprint).
+    Returns ``receive_frame``'s result, or UNSENT when the frame is not all out (the bytes
+    sent, or -errno, are in ``message[SENT]``; nothing was read)."""
+    sent = send_frame(fd, words, _DATA_WORD, tag, sequence, fingerprint, payload, message)
+    message[SENT] = sent
+    if sent != _HEADER + payload.size:
+        return UNSENT
+    return receive_frame(fd, header, got, _DATA_WORD, tag, expected, fingerprint, buf, yields)
+
+
 send = background(send_frame)
 receive = background(receive_frame)
+exchange = background(exchange_frames)
 
 
 def prepare_wire() -> None:
-    """Queue the compile (or the cache load) of both functions for the types the links pass."""
+    """Queue the compile (or the cache load) of the three functions for the types the links
+    pass: int64 scalars, the link's header words and scratch, uint8 buffers (a payload to
+    send may be read-only)."""
     if not AVAILABLE:
         return
-    i, words = types.int64, types.Array(types.int64, 1, "C")
-    raw = types.Array(types.uint8, 1, "C")
+    i, words, scratch = types.int64, types.Array(types.int64, 1, "C"), types.Array(types.uint64, 1, "C")
+    raw, frozen = types.Array(types.uint8, 1, "C"), types.Array(types.uint8, 1, "C", readonly=True)
     prepare(
         [
-            (send, (i, words, i, i, i, i, raw, types.Array(types.uint64, 1, "C"))),
-            (send, (i, words, i, i, i, i, types.Array(types.uint8, 1, "C", readonly=True), types.Array(types.uint64, 1, "C"))),
+            (send, (i, words, i, i, i, i, raw, scratch)),
+            (send, (i, words, i, i, i, i, frozen, scratch)),
             (receive, (i, raw, i, i, i, i, i, raw, i)),
+            (exchange, (i, words, i, i, i, raw, scratch, raw, i, i, raw, i)),
+            (exchange, (i, words, i, i, i, frozen, scratch, raw, i, i, raw, i)),
         ]
     )
