@@ -102,7 +102,7 @@ class Levels:
         assert dt is not None
         if operation == "all_reduce":
             assert op is not None
-            if len(self.nodes.members) == 2 and self.even and (self.inner is None or self.native is not None):
+            if len(self.nodes.members) == 2 and self.even:
                 return self._pairs_all_reduce(dt, op)
             return lambda call, x: self._run(call, Steps.all_reduce, x, dt, op)
         if operation == "broadcast":
@@ -119,10 +119,11 @@ class Levels:
         raise AssertionError(f"the two levels do not run {operation}")
 
     def _pairs_all_reduce(self, dt: DType, op: ReduceOp) -> Body:
-        """all_reduce on two nodes of equal size with a shared-memory arena: up to
-        ``PAIRS_BYTES``, ``Steps``' node all_reduce and exchange with the peer node, with
-        what depends only on the count worked out once (the fingerprints, the reduce); the
-        same steps, tags and bits. Larger calls go through ``Steps.all_reduce``."""
+        """all_reduce on two nodes of equal size: up to ``PAIRS_BYTES``, ``Steps``' node
+        all_reduce (straight into the node's arena where it has one) and exchange with the
+        peer node, with what depends only on the count worked out once (the fingerprints,
+        the reduce): the same steps, tags and bits in fewer Python calls, which is most of
+        a small call's time. Larger calls go through ``Steps.all_reduce``."""
         inside, reduce, divisor = (
             ReduceOp.SUM if op is ReduceOp.AVG else op,
             reducer(dt, op),
@@ -134,7 +135,7 @@ class Levels:
 
         def body(call: Call, x: Array) -> None:
             n = x.shape[0]
-            if not 0 < x.nbytes <= PAIRS_BYTES:
+            if not (0 < x.nbytes <= PAIRS_BYTES and (x.nbytes <= SMALL_BYTES or n < self.shards)):  # as Steps decides
                 self._run(call, Steps.all_reduce, x, dt, op)
                 return
             fps = prints.get(n)
@@ -149,6 +150,8 @@ class Levels:
                     except FerrodistError as exc:
                         exc.inside_node = True  # type: ignore[attr-defined]
                         raise
+                elif self.inner is not None:
+                    Steps(self, call).node_all_reduce(x, dt, inside)
                 swap(self.world, call, x, peer, mine, call.tag ^ (_LEADERS << _STEP_SHIFT), fps[1], reduce, divisor)
             except FerrodistError as exc:
                 raise self.failed(exc, call.seq) from None
