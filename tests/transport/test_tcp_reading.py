@@ -194,7 +194,38 @@ def test_a_waiting_reader_gives_its_core_away_first_where_ranks_outnumber_the_co
     assert len(yielded) == 5
 
 
-def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_the_mailbox(world, monkeypatch):
+@pytest.fixture(params=["compiled", "python"])
+def direct(request, monkeypatch):
+    """Both ways a small sendrecv reads directly: its compiled system calls (``_wire``, once
+    they are compiled) and the same steps in Python (before that, or off 64-bit Linux).
+    Returns a list that collects what each direct read did (``_link.DIRECT_*``)."""
+    from ferrodist.core.kernels import wait_for_compiles
+    from ferrodist.transport import _link, _wire
+
+    outcomes: list[int] = []
+    if request.param == "python":
+        monkeypatch.setattr(_wire, "AVAILABLE", False)
+    else:
+        if not _wire.AVAILABLE:
+            pytest.skip("the compiled socket calls are built for 64-bit Linux only")
+        _wire.prepare_wire()
+        assert wait_for_compiles(120)
+        seen = {_wire.DONE: _link.DIRECT_DONE, _wire.PAYLOAD: _link.DIRECT_PAYLOAD, _wire.OTHER: _link.DIRECT_OTHER}
+        exchange = _wire.exchange
+
+        def spy(*args):  # type: ignore[no-untyped-def]
+            result = exchange(*args)
+            if result & 7 in seen:
+                outcomes.append(seen[result & 7])
+            return result
+
+        monkeypatch.setattr(_wire, "exchange", spy)
+    real = _link.Link.read_direct
+    monkeypatch.setattr(_link.Link, "read_direct", lambda self, p, d: outcomes.append(real(self, p, d)) or outcomes[-1])
+    return outcomes
+
+
+def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_the_mailbox(world, direct):
     """``sendrecv`` reads the link's next frame straight into its buffer when it is the
     exchange's message. Whatever else comes first (a message of another tag, one that
     arrived before the call, one of the wrong size) goes through the mailbox as before."""
@@ -202,9 +233,7 @@ def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_t
     from ferrodist.transport import _link
 
     a, b = world(2)
-    outcomes: list[int] = []
-    real = _link.Link.read_direct
-    monkeypatch.setattr(_link.Link, "read_direct", lambda self, p, d: outcomes.append(real(self, p, d)) or outcomes[-1])
+    outcomes = direct
     mine, theirs = np.arange(1000.0), np.arange(1000.0) * 2
     got_a, got_b, other = np.zeros(1000), np.zeros(1000), np.zeros(3)
 
@@ -284,3 +313,44 @@ def test_a_large_sendrecv_lands_in_its_buffer_while_its_send_waits_for_room(worl
     _in_threads([lambda: swap(a, mine, got_a, 1, [1, 2, 3]), lambda: swap(b, theirs, got_b, 0, [1, 2, 3])])
     assert np.array_equal(got_a, theirs) and np.array_equal(got_b, mine)
     assert kept == []
+
+
+def test_a_small_exchange_makes_no_system_call_from_python_once_compiled(world):
+    """The regression gate of the compiled small exchange (``Link.exchange``): once its code
+    is ready, a sendrecv of 4 KiB with one peer both ways leaves the interpreter only for the
+    compiled call. Every Python-level socket call of the calling threads is counted; a call
+    may still take the general path now and then (its link's thread read the message first
+    after a pause of the test), so most, not all, must make none."""
+    from ferrodist.core.kernels import wait_for_compiles
+    from ferrodist.transport import _wire
+
+    if not _wire.AVAILABLE:
+        pytest.skip("the compiled socket calls are built for 64-bit Linux only")
+    a, b = world(2)
+    assert wait_for_compiles(120)
+    calls: list[str] = []
+
+    class Counted:
+        def __init__(self, sock):  # type: ignore[no-untyped-def]
+            self._sock = sock
+
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]
+            method = getattr(self._sock, name)
+            if not threading.current_thread().name.startswith("ferrodist-"):
+                calls.append(name)
+            return method
+
+    for t in (a, b):
+        for link in t._links.values():
+            link.sock = Counted(link.sock)
+    mine, theirs = np.arange(512.0), np.arange(512.0) + 1
+    got_a, got_b = np.zeros(512), np.zeros(512)
+    clean = 0
+    for i in range(50):
+        before = len(calls)
+        _in_threads(
+            [lambda i=i: a.sendrecv(mine, 1, got_a, 1, tag=i), lambda i=i: b.sendrecv(theirs, 0, got_b, 0, tag=i)]
+        )
+        assert np.array_equal(got_a, theirs) and np.array_equal(got_b, mine)
+        clean += len(calls) == before
+    assert clean >= 40, f"only {clean} of 50 exchanges stayed in compiled code; Python socket calls: {set(calls)}"

@@ -13,6 +13,8 @@ Buffer = np.ndarray[Any, Any]
 
 def check_peer(rank: int, world_size: int, peer: object, what: str) -> int:
     """``peer`` as an int, or ``InvalidRank`` if it is not another rank of the world."""
+    if peer.__class__ is int and 0 <= peer < world_size and peer != rank:  # type: ignore[operator]
+        return peer  # type: ignore[return-value]
     if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
         raise InvalidRank(f"rank {rank}: {what} needs an integer rank, not {peer!r}", rank=rank)
     peer = int(peer)
@@ -41,7 +43,7 @@ def as_bytes(buf: object, what: str, *, writeable: bool = False, rank: int | Non
         raise InvalidArgument(f"{what}: the buffer must be C-contiguous")
     if writeable and not buf.flags.writeable:
         raise InvalidArgument(f"rank {rank}: {what} into a read-only buffer")
-    return buf.reshape(-1).view(np.uint8)
+    return (buf if buf.ndim == 1 else buf.reshape(-1)).view(np.uint8)
 
 
 def check_match(

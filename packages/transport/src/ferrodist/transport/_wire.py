@@ -274,12 +274,13 @@ def prepare_wire() -> None:
         return
     i, words, scratch = types.int64, types.Array(types.int64, 1, "C"), types.Array(types.uint64, 1, "C")
     raw, frozen = types.Array(types.uint8, 1, "C"), types.Array(types.uint8, 1, "C", readonly=True)
+    sends, receives, exchanges = background(send_frame), background(receive_frame), background(exchange_frames)
     prepare(
         [
-            (send, (i, words, i, i, i, i, raw, scratch)),
-            (send, (i, words, i, i, i, i, frozen, scratch)),
-            (receive, (i, raw, i, i, i, i, i, raw, i)),
-            (exchange, (i, words, i, i, i, raw, scratch, raw, i, i, raw, i)),
-            (exchange, (i, words, i, i, i, frozen, scratch, raw, i, i, raw, i)),
+            (sends, (i, words, i, i, i, i, raw, scratch)),
+            (sends, (i, words, i, i, i, i, frozen, scratch)),
+            (receives, (i, raw, i, i, i, i, i, raw, i)),
+            (exchanges, (i, words, i, i, i, raw, scratch, raw, i, i, raw, i)),
+            (exchanges, (i, words, i, i, i, frozen, scratch, raw, i, i, raw, i)),
         ]
     )
