@@ -84,8 +84,9 @@ class Link:
         self.farewell = False  # this rank has said goodbye on it
         # the frame being read (guarded by read_lock)
         self._head = np.zeros(HEADER.size, np.uint8)
-        self._header = memoryview(self._head)
+        self._header = memoryview(self._head)  # type: ignore[arg-type]
         self._words = np.zeros(_wire.HEADER_WORDS, np.int64)  # the header being sent (send_lock)
+        self._words_bytes = memoryview(self._words).cast("B")  # type: ignore[arg-type]
         self._message = np.zeros(_wire.MSG_WORDS, np.uint64)
         self._got = 0  # bytes of the header, then of the current piece of payload
         self._frame: Frame | None = None
@@ -406,7 +407,7 @@ class Link:
                 sent = int(self._message[_wire.SENT])
                 if sent < 0:
                     raise OSError(-sent, os.strerror(-sent))
-                self._finish(memoryview(self._words).cast("B"), payload, sent, deadline)
+                self._finish(self._words_bytes, payload, sent, deadline)
         self.take(pending, deadline)
         return True
 
@@ -524,7 +525,7 @@ class Link:
                     self.send_seq += 1
                     if sent < 0:
                         raise OSError(-sent, os.strerror(-sent))
-                    self._finish(memoryview(self._words).cast("B"), payload, sent, deadline)
+                    self._finish(self._words_bytes, payload, sent, deadline)
                     return
             header = encode_header(kind, tag, self.send_seq, fingerprint, nbytes)
             self.send_seq += 1
@@ -532,7 +533,7 @@ class Link:
                 self._write(memoryview(header), deadline)
             elif nbytes <= _SMALL:
                 try:  # header and payload in one system call, no joined copy
-                    sent = self.sock.sendmsg((header, payload))
+                    sent = self.sock.sendmsg((header, payload))  # type: ignore[arg-type]
                 except BlockingIOError:
                     sent = 0
                 self._finish(memoryview(header), payload, sent, deadline)

@@ -95,8 +95,7 @@ _errno_location = _libc("__errno_location", _I32.as_pointer())
 _sched_yield = _libc("sched_yield", _I32)
 
 
-@intrinsic
-def sys_recv(typingctx: Any, fd: Any, address: Any, count: Any, flags: Any) -> Any:
+def _sys_recv(typingctx: Any, fd: Any, address: Any, count: Any, flags: Any) -> Any:
     """``recv(fd, address, count, flags)``: bytes read, 0 at the end of the stream, or -errno."""
     sig = types.int64(types.int64, types.int64, types.int64, types.int64)
 
@@ -110,8 +109,7 @@ def sys_recv(typingctx: Any, fd: Any, address: Any, count: Any, flags: Any) -> A
     return sig, codegen
 
 
-@intrinsic
-def sys_sendmsg(typingctx: Any, fd: Any, message: Any, flags: Any) -> Any:
+def _sys_sendmsg(typingctx: Any, fd: Any, message: Any, flags: Any) -> Any:
     """``sendmsg(fd, message, flags)``: bytes sent, or -errno."""
     sig = types.int64(types.int64, types.int64, types.int64)
 
@@ -123,8 +121,7 @@ def sys_sendmsg(typingctx: Any, fd: Any, message: Any, flags: Any) -> Any:
     return sig, codegen
 
 
-@intrinsic
-def sys_yield(typingctx: Any) -> Any:
+def _sys_yield(typingctx: Any) -> Any:
     """``sched_yield()``: give the core to another runnable thread."""
     sig = types.int64()
 
@@ -140,8 +137,7 @@ def _or_errno(builder: Any, result: Any) -> Any:
     return builder.select(builder.icmp_signed("<", result, ir.Constant(_I64, 0)), builder.neg(code), result)
 
 
-@intrinsic
-def address(typingctx: Any, array: Any) -> Any:
+def _address(typingctx: Any, array: Any) -> Any:
     """Where ``array``'s data starts, as an int64."""
     if not isinstance(array, types.Array):
         return None
@@ -152,6 +148,13 @@ def address(typingctx: Any, array: Any) -> Any:
         return builder.ptrtoint(data, _I64)
 
     return sig, codegen
+
+
+# Typed as Any: mypy would read an intrinsic's typing context as an argument of its calls.
+sys_recv: Any = intrinsic(_sys_recv)
+sys_sendmsg: Any = intrinsic(_sys_sendmsg)
+sys_yield: Any = intrinsic(_sys_yield)
+address: Any = intrinsic(_address)
 
 
 @jit
