@@ -27,6 +27,10 @@ class ReduceOp(enum.Enum):
     BOR = 6
     BXOR = 7
 
+    # Members are singletons compared by identity: hashed by identity too, in C, not by name
+    # in Python (an op is part of the keys every call looks up).
+    __hash__ = object.__hash__
+
     @classmethod
     def coerce(cls, value: object) -> ReduceOp:
         """Accept a ``ReduceOp`` or its name in any case (``"sum"``, ``"Max"``)."""

@@ -30,7 +30,7 @@ import numpy as np
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError, PeerLost
 
 from . import _futex
-from ._spin import SpinPolicy, first_different, publish, spin_until, yields_for
+from ._spin import SpinPolicy, first_different, publish, spin_then_yield, spin_until, yields_for
 
 __all__ = ["Arena"]
 
@@ -39,6 +39,7 @@ COUNTERS = 8
 COPIED, REDUCED, GATHERED, BARRIER, CALL, CALL_NUMBER = range(6)
 _WORDS_PER_LINE = LINE // 8
 _NAP = 0.001  # the longest sleep between checks of the deadline and of peers' health
+_YIELD_BATCH = 16  # core give-aways between two checks of the deadline and of peers' health
 
 
 class Arena:
@@ -185,9 +186,14 @@ class Arena:
         stride, offset = COUNTERS * _WORDS_PER_LINE, which * _WORDS_PER_LINE
         yielded = 0
         while True:
-            laggard = spin_until(self._words, stride, offset, first, stop, target, self._policy.spins())
+            # Where ranks share cores, the wait gives the core away between spins, in compiled
+            # batches (a health check and the deadline between them) before it sleeps.
+            batch = min(_YIELD_BATCH, self._yields - yielded)
+            words, spins = self._words, self._policy.spins()
+            laggard = spin_then_yield(words, stride, offset, first, stop, target, spins, batch)
             if laggard < 0:
                 return
+            yielded += batch
             left = deadline - time.monotonic()
             if left <= 0:
                 column = self._lines[:, which, 0]
@@ -207,9 +213,7 @@ class Arena:
                 if spin_until(self._words, stride, offset, first, stop, target, 1) < 0:
                     return
                 raise
-            if self._yields and yielded < self._yields:  # ranks share cores: let the laggard run
-                yielded += 1
-                os.sched_yield()
+            if yielded < self._yields:  # ranks share cores: let the laggard run
                 continue
             column = self._lines[:, which, 0]
             seen = int(column[laggard])

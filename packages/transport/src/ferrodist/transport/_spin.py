@@ -15,6 +15,8 @@ import numpy as np
 
 from ferrodist.core.kernels import Ticket, background, jit, load_acquire, prepare, store_release
 
+from ._wire import sys_yield
+
 __all__ = [
     "CROWDED_YIELDS",
     "SpinPolicy",
@@ -22,6 +24,7 @@ __all__ = [
     "prepare_waits",
     "publish",
     "runnable_threads",
+    "spin_then_yield",
     "spin_until",
     "yields_for",
 ]
@@ -134,8 +137,20 @@ class SpinPolicy:
         return self._spins
 
 
+@jit
+def spin_then_yield(words, stride, offset, first, stop, target, spins, yields):  # type: ignore[no-untyped-def]
+    """``spin_until``, and while a rank has not got there, up to ``yields`` times: give the
+    core away (``sched_yield``) and spin again. Returns -1 or the first rank not there."""
+    laggard = spin_until(words, stride, offset, first, stop, target, spins)
+    while laggard >= 0 and yields > 0:
+        yields -= 1
+        sys_yield()
+        laggard = spin_until(words, stride, offset, first, stop, target, spins)
+    return laggard
+
+
 def prepare_waits() -> Ticket:
-    """Queue the compile (or the load from the cache) of the three functions for the
+    """Queue the compile (or the load from the cache) of the four functions for the
     argument types ``Arena`` passes: its control words and Python ints."""
     from numba import types
 
@@ -143,6 +158,7 @@ def prepare_waits() -> Ticket:
     return prepare(
         [
             (background(spin_until), (words, i, i, i, i, i, i)),
+            (background(spin_then_yield), (words, i, i, i, i, i, i, i)),
             (background(publish), (words, i, i, i, i, i)),
             (background(first_different), (words, i, i, i, i, i)),
         ],
