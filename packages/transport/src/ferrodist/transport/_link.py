@@ -7,8 +7,8 @@ is a ``ProtocolError``.
 The link's socket is non-blocking and its reader resumable: whoever holds its read lock
 reads, a piece at a time, the link's own thread or a caller waiting for a message from
 this peer. ``TcpTransport`` (``_tcp``) owns the links and the matching of messages to
-receives; a link calls back into it for that (``_begin``, ``_complete``, ``_lose``,
-``_progress``).
+receives; a link calls back into it for that (``_begin``, ``_complete``, ``_lose``).
+A frame of up to 64 KiB is sent, and a direct read done, by compiled code (``_wire``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Link:
     or a caller waiting for a message from this peer, which reads the frames itself (the
     hand-off from a reader thread cost more than the transfer of a small message). While
     callers have the link (``claim``), it is out of the thread's epoll set and the thread
-    sleeps on; a send that waits for room reads such links meanwhile (``_progress``). A
+    sleeps on; a send that waits for room reads such links meanwhile (``_room``). A
     reader stops wherever the bytes stop, mid-frame included, and the next one goes on
     from there: no reader ever waits for a peer while that peer waits for it. A
     ``sendrecv`` whose message is the link's next frame reads it straight into its buffer,
@@ -555,5 +555,31 @@ class Link:
             try:
                 sent += self.sock.send(view[sent:])
             except BlockingIOError:
-                if not self.transport._progress(self, deadline):
+                if not self._room(deadline):
                     raise TimeoutError from None
+
+    def _room(self, deadline: float) -> bool:
+        """A send on this link waits for room: meanwhile read what has arrived on the links
+        callers hold (their threads are not reading them), so that two ranks sending to each
+        other cannot block each other. False once ``deadline`` has passed."""
+        held = [link for link in self.transport._links.values() if link.paused and not link.ended]
+        if not held:
+            return self._wait(self._writable, deadline)
+        masks = {self.fd: select.POLLOUT}
+        for link in held:
+            masks[link.fd] = masks.get(link.fd, 0) | select.POLLIN
+        poller = select.poll()
+        for fd, mask in masks.items():
+            poller.register(fd, mask)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        ready = {fd for fd, events in poller.poll(min(left, 1.0) * 1000 + 1) if events & ~select.POLLOUT}
+        for link in held:
+            if link.fd in ready and link.read_lock.acquire(blocking=False):
+                try:
+                    while not link.ended and link.advance(deadline):
+                        pass
+                finally:
+                    link.let_go()
+        return True

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import os
-import select
 import socket
 import threading
 import time
@@ -439,7 +438,7 @@ class TcpTransport:
         link = self._links[src]
         # A small exchange sends first and reads its message straight into its buffer after
         # (Link.take). A large one posts its receive first, so that while its send waits for
-        # room the bytes that come land in the buffer (_progress), not in a kept copy.
+        # room the bytes that come land in the buffer (Link._room), not in a kept copy.
         # With the same peer both ways, one compiled call can do both (Link.exchange).
         direct = pending.buf.nbytes <= _DIRECT and payload.nbytes <= _DIRECT
         link.claim()
@@ -454,32 +453,6 @@ class TcpTransport:
                 self._wait_recv(pending, src, max(0.0, deadline - time.monotonic()), claimed=True)
         finally:
             link.unclaim()
-
-    def _progress(self, sending: Link, deadline: float) -> bool:
-        """A send is waiting for room on ``sending``: meanwhile read what has arrived on the
-        links callers hold (the thread is not reading those), so that two ranks sending to
-        each other cannot block each other. False once ``deadline`` has passed."""
-        held = [link for link in self._links.values() if link.paused and not link.ended]
-        if not held:
-            return sending._wait(sending._writable, deadline)
-        masks = {sending.fd: select.POLLOUT}
-        for link in held:
-            masks[link.fd] = masks.get(link.fd, 0) | select.POLLIN
-        poller = select.poll()
-        for fd, mask in masks.items():
-            poller.register(fd, mask)
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        ready = {fd for fd, events in poller.poll(min(left, 1.0) * 1000 + 1) if events & ~select.POLLOUT}
-        for link in held:
-            if link.fd in ready and link.read_lock.acquire(blocking=False):
-                try:
-                    while not link.ended and link.advance(deadline):
-                        pass
-                finally:
-                    link.let_go()
-        return True
 
     def native_collectives(self, ranks: Sequence[int], channel: int) -> Any:
         """None: over TCP the collectives run their own algorithms (``ShmTransport`` has some)."""
