@@ -1,6 +1,8 @@
 """A small frame's system calls from compiled code: ``send_frame`` writes a header and its
 payload with one ``sendmsg``, ``receive_frame`` reads the next frame's header, checks it
-against the message a caller waits for, and reads the payload into the caller's buffer.
+against the message a caller waits for, and reads the payload into the caller's buffer;
+``exchange_frames`` does both, one after the other, for a sendrecv with one peer. The
+shared-memory waits give the core away with the same ``sched_yield`` (``sys_yield``).
 
 They do what ``Link.send`` and ``Link.read_direct`` do for a small message, without the
 interpreter between the system calls: a small exchange between two nodes spent more CPU in
