@@ -91,3 +91,28 @@ def test_ranks_that_outnumber_the_cores_give_the_core_away_before_they_sleep(mon
     assert tcp.yields == 100
     tcp.share_host(2)
     assert tcp.yields == 0
+
+
+def test_a_wait_gives_the_core_away_between_spins_and_ends_when_the_laggard_arrives():
+    """``spin_then_yield``, the compiled loop of a crowded machine's shared-memory waits:
+    -1 once every rank's word reaches the target, else the first laggard after its give-aways;
+    a rank that arrives while the waiter gives the core away ends the wait."""
+    import threading
+    import time
+
+    import numpy as np
+
+    words, stride = np.zeros(16, np.uint64), 8  # two ranks' counters, a line apart
+    assert _spin.spin_then_yield(words, stride, 0, 0, 2, 0, 4, 3) == -1
+    assert _spin.spin_then_yield(words, stride, 0, 0, 2, 1, 4, 3) == 0
+    words[0] = 1
+    assert _spin.spin_then_yield(words, stride, 0, 0, 2, 1, 4, 3) == 1
+
+    def arrive() -> None:
+        time.sleep(0.05)
+        words[stride] = 1
+
+    late = threading.Thread(target=arrive)
+    late.start()
+    assert _spin.spin_then_yield(words, stride, 0, 0, 2, 1, 4, 10**8) == -1
+    late.join()
