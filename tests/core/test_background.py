@@ -337,3 +337,29 @@ def test_interpreted_mode_queues_no_kernel(tmp_path):
         FERRODIST_KERNELS="interpreted",
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_code_a_caller_waits_for_is_compiled_before_the_rest_of_the_queue():
+    """``prepare(..., always=True)`` (code without an interpreted path, which its caller
+    blocks on: the shared-memory waits) goes ahead of every queued request that has one,
+    and after those queued the same way before it."""
+    from numba import types
+
+    from ferrodist.core._background import _COMPILER
+
+    def fresh(k: int):  # type: ignore[no-untyped-def]
+        return jit(cache=False)(eval(f"lambda x: x + {k}"))  # a dispatcher of its own
+
+    busy = background(fresh(0))
+    with compiler_busy():
+        first = prepare([(busy, (types.int64,))])  # the thread takes it and blocks on the lock
+        give_up = time.monotonic() + 10
+        while _COMPILER._current is None and time.monotonic() < give_up:
+            time.sleep(0.01)
+        later = prepare([(background(fresh(1)), (types.int64,))])
+        urgent = prepare([(background(fresh(2)), (types.int64,))], always=True)
+        urgent_too = prepare([(background(fresh(3)), (types.int64,))], always=True)
+        last = prepare([(background(fresh(4)), (types.int64,))])
+        order = [ticket for _, ticket in _COMPILER._queue]
+    assert order == [urgent, urgent_too, later, last]
+    assert all(t.wait(60) for t in (first, later, urgent, urgent_too, last))

@@ -327,6 +327,7 @@ def test_a_small_exchange_makes_no_system_call_from_python_once_compiled(world):
     if not _wire.AVAILABLE:
         pytest.skip("the compiled socket calls are built for 64-bit Linux only")
     a, b = world(2)
+    _wire.prepare_wire()  # a link queues it at its first small frame; here before any
     assert wait_for_compiles(120)
     calls: list[str] = []
 

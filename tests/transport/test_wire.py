@@ -142,3 +142,16 @@ def test_an_exchange_sends_its_frame_and_reads_the_reply():
     finally:
         a.close()
         b.close()
+
+
+def test_a_process_queues_the_compiles_only_once_it_has_moved_enough_small_frames(monkeypatch):
+    """A start moves a handful of frames through Python; the compiles (seconds of CPU on an
+    empty cache) wait for the ``WORTH_COMPILING``-th, and go once."""
+    queued: list[int] = []
+    monkeypatch.setattr(_wire, "_missed", 0)
+    monkeypatch.setattr(_wire, "prepare_wire", lambda: queued.append(_wire._missed))
+    for _ in range(_wire.WORTH_COMPILING - 1):
+        _wire.missed()
+    assert queued == []
+    _wire.missed()
+    assert queued == [_wire.WORTH_COMPILING]

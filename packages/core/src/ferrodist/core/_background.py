@@ -111,6 +111,7 @@ class Ticket:
     def __init__(self) -> None:
         self.ready = False
         self.failed: str | None = None
+        self.urgent = False  # code a caller waits for (no interpreted path): compiled first
         self._done = threading.Event()
 
     def wait(self, timeout: float) -> bool:
@@ -156,7 +157,13 @@ class _Compiler:
             ticket = self._tickets[items] = Ticket()
             if not always and os.environ.get("FERRODIST_KERNELS", "") == "interpreted":
                 return ticket  # never ready: the interpreted paths only
-            self._queue.append((items, ticket))
+            ticket.urgent = always
+            # Code with no interpreted path is waited for: it goes ahead of everything queued
+            # that has one (after what is waited for already), not behind seconds of it.
+            ahead = len(self._queue)
+            if always:
+                ahead = next((i for i, (_, queued) in enumerate(self._queue) if not queued.urgent), ahead)
+            self._queue.insert(ahead, (items, ticket))
             self._start()
             self._changed.notify_all()
         return ticket
@@ -288,8 +295,8 @@ def prepare(items: Iterable[tuple[Front, Sequence[Any]]], *, always: bool = Fals
     Python when it returns early, so that a front that runs the entry finds the others
     ready). The same request again returns the same ticket.
 
-    ``always``: compile even under ``FERRODIST_KERNELS=interpreted`` (code with no
-    interpreted path)."""
+    ``always``: code with no interpreted path, which a caller waits for: compiled even under
+    ``FERRODIST_KERNELS=interpreted``, and ahead of every queued request that has one."""
     return _COMPILER.prepare(tuple((front, tuple(types)) for front, types in items), always)
 
 

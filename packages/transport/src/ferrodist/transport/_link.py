@@ -267,7 +267,7 @@ class Link:
             try:
                 return self._read_compiled(pending, deadline)
             except _wire.NotCompiled:  # its code is not ready yet: the same steps in Python
-                pass
+                _wire.missed()
         sock, header, yields = self.sock, self._header, self.transport.yields
         try:
             while self._got < HEADER.size:
@@ -388,6 +388,7 @@ class Link:
                         self.recv_seq, pending.buf, self.transport.yields,
                     )  # fmt: skip
                 except _wire.NotCompiled:
+                    _wire.missed()
                     return False
                 self.send_seq += 1
                 status = result & 7
@@ -520,7 +521,7 @@ class Link:
                         _wire.signed(fingerprint), payload, self._message,
                     )  # fmt: skip
                 except _wire.NotCompiled:  # its code is not ready yet: the same steps in Python
-                    pass
+                    _wire.missed()
                 else:
                     self.send_seq += 1
                     if sent < 0:

@@ -44,7 +44,6 @@ from ._rendezvous import Rendezvous, open_store, open_store_through
 from ._spin import yields_for
 from ._store import KeyValue, StoreClient, StoreServer
 from ._tcp_start import describe_start, report_start_failure, with_start_notes
-from ._wire import prepare_wire
 
 __all__ = ["TcpTransport"]
 
@@ -87,7 +86,6 @@ class TcpTransport:
         self._refusals = Refusals()  # connections from outside the job that this rank's ports refused
         self._leaving: FerrodistError | None = None  # why this rank leaves (its start failed), for its goodbyes
         self.yields = 0  # how often a wait gives the core away before it sleeps (see share_host)
-        prepare_wire()  # a small frame's system calls, compiled in the background (see _wire)
 
     # -- rendezvous ---------------------------------------------------------------------------
     @classmethod

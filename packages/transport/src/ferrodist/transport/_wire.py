@@ -48,6 +48,7 @@ __all__ = [
     "NotCompiled",
     "exchange",
     "first_word",
+    "missed",
     "prepare_wire",
     "receive",
     "send",
@@ -269,23 +270,45 @@ def exchange_frames(
 send = background(send_frame)
 receive = background(receive_frame)
 exchange = background(exchange_frames)
+#: Small frames a process moves through Python before it queues these compiles (about
+#: 1.7 s of CPU on an empty cache): a job's start moves a handful, a training loop thousands.
+WORTH_COMPILING = 64
+_missed = 0  # frames moved through Python because the code was missing
+_queued = False  # prepare_wire has queued the compiles
+
+
+def missed() -> None:
+    """A link moved a frame through Python because the compiled code was missing: queue the
+    compiles once that has happened ``WORTH_COMPILING`` times. Not at once: a start of the
+    job would share the cores with them, and a shared-memory transport's start waits (with
+    a peer's deadline running) for the compile of the waits it cannot run without."""
+    global _missed
+    _missed += 1
+    if _missed >= WORTH_COMPILING:
+        prepare_wire()
 
 
 def prepare_wire() -> None:
-    """Queue the compile (or the cache load) of the three functions for the types the links
-    pass: int64 scalars, the link's header words and scratch, uint8 buffers (a payload to
-    send may be read-only)."""
-    if not AVAILABLE:
+    """Queue, once per process, the compile (or the cache load) of the three functions for
+    the types the links pass: int64 scalars, the link's header words and scratch, uint8
+    buffers (a payload to send may be read-only). The shared-memory waits go first: a
+    shared-memory transport started later waits for them, not for these. Each signature is
+    a request of its own, so that such a wait queues behind at most one of them."""
+    global _queued
+    if _queued or not AVAILABLE:
         return
+    _queued = True
+    from ._spin import prepare_waits  # _spin imports this module
+
+    prepare_waits()
     i, words, scratch = types.int64, types.Array(types.int64, 1, "C"), types.Array(types.uint64, 1, "C")
     raw, frozen = types.Array(types.uint8, 1, "C"), types.Array(types.uint8, 1, "C", readonly=True)
     sends, receives, exchanges = background(send_frame), background(receive_frame), background(exchange_frames)
-    prepare(
-        [
-            (sends, (i, words, i, i, i, i, raw, scratch)),
-            (sends, (i, words, i, i, i, i, frozen, scratch)),
-            (receives, (i, raw, i, i, i, i, i, raw, i)),
-            (exchanges, (i, words, i, i, i, raw, scratch, raw, i, i, raw, i)),
-            (exchanges, (i, words, i, i, i, frozen, scratch, raw, i, i, raw, i)),
-        ]
-    )
+    for item in (
+        (exchanges, (i, words, i, i, i, raw, scratch, raw, i, i, raw, i)),
+        (receives, (i, raw, i, i, i, i, i, raw, i)),
+        (sends, (i, words, i, i, i, i, raw, scratch)),
+        (sends, (i, words, i, i, i, i, frozen, scratch)),
+        (exchanges, (i, words, i, i, i, frozen, scratch, raw, i, i, raw, i)),
+    ):
+        prepare([item])
