@@ -178,7 +178,10 @@ class Link:
         aborts, channel = self.transport._aborts, channel_of(pending.tag)
         yields = self.transport.yields
         try:
-            while not pending.done and not self.ended and aborts.error(channel) is None:
+            # An abort stops the wait, except for a message that has begun to arrive: nobody
+            # else reads this link now, and the rest (or the end of a dead peer's stream) must
+            # be read for the receive to end before its deadline.
+            while not pending.done and not self.ended and (pending.claimed or aborts.error(channel) is None):
                 if not self.advance(deadline):
                     if yields:  # ranks outnumber the cores: the sender may be waiting for this one
                         yields -= 1
