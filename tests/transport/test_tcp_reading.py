@@ -355,3 +355,41 @@ def test_a_small_exchange_makes_no_system_call_from_python_once_compiled(world):
         assert np.array_equal(got_a, theirs) and np.array_equal(got_b, mine)
         clean += len(calls) == before
     assert clean >= 40, f"only {clean} of 50 exchanges stayed in compiled code; Python socket calls: {set(calls)}"
+
+
+def test_a_receive_whose_message_began_to_arrive_reads_on_after_an_abort_and_sees_its_peer_die(world):
+    """Half a message has come when the channel is aborted (a third rank saw a failure
+    first), then its sender dies: the receive must go on reading its link, see the end of
+    the stream and fail at once with ``PeerLost``, not wait out its deadline with nobody
+    reading the dead peer's socket."""
+    import socket
+
+    from ferrodist.core import PeerLost
+    from ferrodist.transport._aborts import channel_of
+
+    a, b = world(2)
+    tag, n = 5, 1 << 20
+    link = a._links[1]
+    with link.send_lock:  # a frame cut in the middle, as a rank killed while sending leaves it
+        link.sock.setblocking(True)
+        link.sock.sendall(encode_header(DATA, tag, link.send_seq, 0, n) + bytes(n // 2))
+    failed: list[BaseException] = []
+    started = time.monotonic()
+
+    def receive() -> None:
+        try:
+            # a ring step: the link stays with this call for all of it (no thread reads it)
+            b.sendrecv(np.ones(8, np.uint8), 0, np.zeros(n, np.uint8), 0, tag=tag, timeout=20)
+        except Exception as exc:
+            failed.append(exc)
+
+    waiter = threading.Thread(target=receive)
+    waiter.start()
+    time.sleep(0.3)  # the header and half the payload are in
+    b.abort(channel_of(tag), PeerLost("rank 1 saw a failure first", peer=0, rank=1), peers=[], seq=0)
+    time.sleep(0.2)
+    link.sock.shutdown(socket.SHUT_RDWR)  # the sender dies
+    waiter.join(15)
+    assert not waiter.is_alive()
+    assert len(failed) == 1 and isinstance(failed[0], PeerLost), failed
+    assert time.monotonic() - started < 5
