@@ -34,6 +34,7 @@ from ._api import (
 from ._backends import auto_backend, connect_transport, one_host
 from ._batch import P2POp, batch_isend_irecv
 from ._group import ProcessGroup
+from ._kernels import collective_kernels
 from ._select import ALL_REDUCE_ALGORITHMS, SMALL_MESSAGE_BYTES
 from ._state import (
     default_group,
@@ -82,6 +83,7 @@ __all__ = [
     "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
+    "collective_kernels",
     "connect_transport",
     "default_group",
     "destroy_process_group",

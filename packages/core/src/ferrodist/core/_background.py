@@ -1,4 +1,4 @@
-"""Kernels called from Python never compile in the caller's thread.
+"""Kernels called from Python never compile in the caller's thread, nor hold its GIL.
 
 Numba compiles a function for new argument types when it is first called with them, in
 the calling thread: 1-7 s per shared-memory pipeline and dtype on a 2-core machine. Inside
@@ -8,25 +8,35 @@ dispatcher of the same function that never compiles. It runs the code already co
 the arguments' types; without that, it raises :class:`NotCompiled` at once, before any of
 the function runs. The caller then runs an interpreted path that gives the same results
 (the numpy reductions of ``_interpreted``, the shared-memory protocol step by step in
-Python) and queues the compile with :func:`prepare`. One thread per process compiles the
-queue in order (or loads it from Numba's disk cache), then hands the code to the fronts;
-later calls run it.
+Python) and queues the compile with :func:`prepare`. One thread per process works through
+the queue in order and hands the code to the fronts; later calls run it.
 
-Numba compiles under one global lock, taken by a compile and by a load from the cache;
-compiled code runs without it (and, with ``nogil=True``, without the GIL), so a compile in
-the background holds up no call. The foreground never takes that lock once its transport is
-connected: a first call, warm cache or cold, runs interpreted and never waits.
+The thread loads what Numba's disk cache holds. What it does not hold is compiled by the
+process's compile helper (``_compiling``): another process, at a lower CPU priority, that
+writes the code to the cache while this thread waits without the GIL, then loads it. A
+compile in this process would hold the GIL for seconds (Numba compiles in Python), and
+the training thread beside it would get it only every few milliseconds. The processes of
+a host compile each function once, under a lock of the cache. Code that a caller waits for
+(``prepare(..., always=True)``: the shared-memory waits, at a transport's start) compiles
+in this thread, under the same lock: a helper's start would only add to the wait.
+
+Loading takes Numba's global lock, compiled code runs without it (and, with
+``nogil=True``, without the GIL), so the background holds up no call. The foreground never
+takes that lock once its transport is connected: a first call, warm cache or cold, runs
+interpreted and never waits.
 
 The thread is a daemon, and an exit must not tear LLVM's globals down while that thread
 is inside LLVM (LLVM runs without the GIL: the process crashed with SIGSEGV, or SIGABRT,
-after the job's work was done). So an exit drops the queue and takes llvmlite's lock,
-which every call into LLVM holds: it waits for the LLVM call in progress (well under a
-second, where the whole function could take seconds), and the thread then stops at its
-next one, for good. Without that lock (another llvmlite), the exit waits for the function
-being compiled. A fork waits for the
-compile in progress (the child gets a free compiler lock) and the child starts a thread of
-its own for what is still queued. ``FERRODIST_KERNELS=interpreted`` queues nothing but what
-must be compiled (the shared-memory waits): every call runs the interpreted paths.
+after the job's work was done). So an exit drops the queue, lets the helper go (it ends
+after the compile in progress, whose code still reaches the cache) and takes llvmlite's
+lock, which every call into LLVM holds: it waits for the LLVM call in progress (well under
+a second), and the thread then stops at its next one, for good. Without that lock
+(another llvmlite), the exit waits for the function being loaded or compiled. A fork
+waits for the compile in progress (the child gets a free compiler lock) and the child
+starts a thread and, when it needs one, a helper of its own for what is still queued.
+``FERRODIST_KERNELS=interpreted`` queues nothing but what must be compiled (the
+shared-memory waits): every call runs the interpreted paths. ``FERRODIST_DEBUG=compile``
+logs each load and compile with its time.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import atexit
 import collections
 import functools
 import os
+import sys
 import threading
 import time
 import warnings
@@ -47,6 +58,7 @@ import numba  # noqa: F401
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
 
+from ._compiling import Helper, HelperGone, Recipe, compile_here, in_cache
 from ._errors import FerrodistError
 
 __all__ = ["NotCompiled", "Ticket", "background", "prepare", "wait_for_compiles"]
@@ -71,10 +83,11 @@ class Front(CPUDispatcher):
     function) and never compiles: a call for argument types it has no code for raises
     :class:`NotCompiled`. Code reaches it through :func:`prepare`."""
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, recipe: Recipe | None) -> None:
         super().__init__(source.py_func, targetoptions={"nopython": True, "nogil": True})
         self._can_compile = False
         self.source = source
+        self.recipe = recipe  # how the compile helper gets ``source``; None: compiled here
 
     def add_overload(self, cres: Any) -> None:
         """Add compiled code, from the compiling thread, without touching the table a caller's
@@ -99,8 +112,10 @@ def background(dispatcher: Any) -> Front:
     """The front of ``dispatcher`` (a function of ``jit``): call it from Python instead of
     the dispatcher, catch :class:`NotCompiled`, and on it run an interpreted path and
     ``prepare([(error.front, error.types)])``. One front per dispatcher, kept for the
-    process (a front's overloads are the dispatcher's own code)."""
-    return Front(dispatcher)
+    process (a front's overloads are the dispatcher's own code). Its compiles run in the
+    compile helper when another process can make the same dispatcher (``Recipe.of``: one
+    bound to a name of its module, or made by a factory that said how), else here."""
+    return Front(dispatcher, Recipe.of(dispatcher))
 
 
 class Ticket:
@@ -148,6 +163,7 @@ class _Compiler:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._hooked = False
+        self._helper = Helper()
 
     def prepare(self, items: tuple[Item, ...], always: bool) -> Ticket:
         with self._lock:
@@ -210,7 +226,7 @@ class _Compiler:
                 for front, types in items:
                     if self._closing:  # the process exits: compile no more
                         raise _Exiting
-                    compiled.append((front, _compile(front.source, types)))
+                    compiled.append((front, self._obtain(front, types, ticket.urgent)))
                 for front, result in compiled:  # in order: the entry the caller calls first comes last
                     if tuple(result.signature.args) not in front.overloads:
                         front.add_overload(result)
@@ -229,6 +245,27 @@ class _Compiler:
                 self._current = None
                 self._changed.notify_all()
 
+    def _obtain(self, front: Front, types: tuple[Any, ...], urgent: bool) -> Any:
+        """The compile result of ``front``'s function for ``types``: loaded from the disk
+        cache, after the helper has put it there when it was missing (code nobody waits
+        for), or compiled here."""
+        source, started = front.source, time.perf_counter()
+        how = "loaded" if in_cache(source, types) else "compiled here"
+        if how != "loaded" and not urgent and front.recipe is not None and not self._helper.broken:
+            try:
+                failed = self._helper.compile(front.recipe, types)
+            except HelperGone:
+                pass  # no helper (it could not start, or died): compiled here, as before
+            else:
+                if failed is not None:
+                    raise RuntimeError(failed)
+                how = "compiled by the helper, loaded"
+        result = compile_here(source, types)
+        if _log_compiles():
+            took = time.perf_counter() - started
+            print(f"ferrodist compile: {front.py_func.__qualname__}{types}: {how} in {took:.2f} s", file=sys.stderr)
+        return result
+
     def close(self, timeout: float = EXIT_WAIT) -> None:
         """At exit: drop the queue; if a compile is in progress, make sure that it is out of
         LLVM and stays out (see the module docstring), within ``timeout`` seconds."""
@@ -240,6 +277,7 @@ class _Compiler:
             busy = self._current is not None
         for _, ticket in dropped:
             ticket._finish("the process exits")
+        self._helper.close()
         if not busy:
             return
         llvm = _llvm_lock()
@@ -261,6 +299,7 @@ class _Compiler:
 
     def after_fork_in_child(self) -> None:
         self._thread = None  # not copied by fork
+        self._helper.forget()  # the parent's; the child starts one when it needs one
         if self._current is not None:  # popped, not finished: do it again (compiled already)
             self._queue.appendleft(self._current)
             self._current = None
@@ -279,10 +318,9 @@ def _llvm_lock() -> Any:
     return lock if callable(getattr(lock, "acquire", None)) else None
 
 
-def _compile(dispatcher: Any, types: tuple[Any, ...]) -> Any:
-    """Compile ``dispatcher`` for ``types`` (or load it from the cache): its compile result."""
-    dispatcher.compile(types)
-    return dispatcher.overloads[tuple(types)]
+@functools.cache
+def _log_compiles() -> bool:
+    return "compile" in os.environ.get("FERRODIST_DEBUG", "").split(",")
 
 
 _COMPILER = _Compiler()

@@ -156,6 +156,22 @@ class SafeCache(caching.FunctionCache):
         the old kernels' code."""
         return (*super()._index_key(sig, codegen), _kernels_stamp())
 
+    def holds(self, sig: Any, target_context: Any) -> bool:
+        """Whether the disk cache has code for ``sig`` (argument types) now, without loading
+        it: the entry's key is in the function's index (read under the index's lock)."""
+        key = self._index_key(sig, target_context.codegen())
+        cache_file = self._cache_file
+        try:
+            with _locked(cache_file._index_path):
+                return key in cache_file._load_index()
+        except Exception:  # an unreadable index is a miss, as Numba treats it
+            return False
+
+    def compile_lock(self) -> contextlib.AbstractContextManager[None]:
+        """Held by every process of this host that compiles this function into this cache, so
+        that ranks starting together compile it once: the others wait, then load it."""
+        return _locked(self._cache_file._index_path + ".compile")
+
     def _load_overload(self, sig: Any, target_context: Any) -> Any:
         loaded = super()._load_overload(sig, target_context)
         if loaded is not None:

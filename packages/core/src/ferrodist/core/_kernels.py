@@ -29,6 +29,7 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
+from ._compiling import Recipe, made_by
 from ._jit import HARDWARE_HALF, bits_from_f32, f16_bits_from_f32, f32_from_bits, f32_from_f16_bits, jit
 
 SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR = range(8)
@@ -169,7 +170,7 @@ def fold_kernel(kind: int, op: int, divide: bool, position: int) -> Any:
     # cached caller was linked to that variant's code (rank 0's all_reduce then folded
     # its own data twice). Distinct names keep every variant apart, in every process.
     kernel.__name__ = kernel.__qualname__ = f"fold_kernel_{kind}_{op}_{divides}_{position + 1}"
-    return jit(kernel)
+    return made_by(jit(kernel), Recipe(__name__, "fold_kernel", (kind, op, divide, position)))
 
 
 @jit(inline="always")

@@ -14,6 +14,8 @@
   kernel from Python without ever compiling in the caller's thread; the compile runs on a
   background thread while the caller runs an interpreted path, such as :func:`fold_numpy`
   (what :func:`fold_kernel` computes, in numpy, the same bits).
+- :func:`warm`, :func:`cached`, :func:`reduction_kernels`: fill the disk cache ahead of a
+  job (``ferrodist warm``), and count what it holds.
 
 Example:
     >>> import numpy as np
@@ -47,6 +49,7 @@ from ._kernels import (
     store,
 )
 from ._reduce import MAX_FUSED_SOURCES, pairwise_opcode, plan
+from ._warm import Warmed, cached, reduction_kernels, warm
 
 __all__ = [
     "AVG",
@@ -63,7 +66,9 @@ __all__ = [
     "PRODUCT",
     "SUM",
     "Ticket",
+    "Warmed",
     "background",
+    "cached",
     "combine",
     "copy_into",
     "finish",
@@ -75,7 +80,9 @@ __all__ = [
     "pairwise_opcode",
     "plan",
     "prepare",
+    "reduction_kernels",
     "store",
     "store_release",
     "wait_for_compiles",
+    "warm",
 ]

@@ -12,6 +12,8 @@ from ._doctor import add_command as add_doctor_command
 from ._doctor import doctor
 from ._report import plot, table, write_json
 from ._run import DEFAULT_GRACE, DEFAULT_JOIN_TIMEOUT, DEFAULT_NODES_PORT, run
+from ._warm import add_command as add_warm_command
+from ._warm import warm_command
 
 
 def _version() -> str:
@@ -141,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_doctor_command(commands)
+    add_warm_command(commands)
     return parser
 
 
@@ -209,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _bench(args)
     if args.command == "doctor":
         return doctor(args)
+    if args.command == "warm":
+        return warm_command(args)
     if args.command == "trace":
         return _trace_command(args.directory, args.out, args.png, args.top)
     trace = None if args.trace is None else os.path.abspath(args.trace)

@@ -10,6 +10,7 @@ from ._shm import ShmCollectives, ShmTransport
 from ._simulated import SimulatedTransport
 from ._store import KeyValue, StoreClient, StoreServer
 from ._tcp import TcpTransport
+from ._warmup import transport_kernels
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -33,4 +34,5 @@ __all__ = [
     "launch_info",
     "local_address",
     "this_host",
+    "transport_kernels",
 ]

@@ -38,7 +38,7 @@ from ._slots import DEFAULT_SLOTS, default_chunk
 from ._store import KeyValue
 from ._tcp import TcpTransport
 
-__all__ = ["ShmCollectives", "ShmTransport"]
+__all__ = ["ShmCollectives", "ShmTransport", "pipeline_kernels"]
 
 Array = np.ndarray[Any, Any]
 
@@ -56,6 +56,35 @@ _ALL_REDUCE = background(_chunks.all_reduce)
 _BROADCAST = background(_chunks.broadcast)
 _ALL_GATHER = background(_chunks.all_gather)
 _REDUCE_SCATTER = background(_chunks.reduce_scatter)
+
+
+def pipeline_kernels(dtypes: Sequence[DType]) -> list[tuple[Any, tuple[Any, ...]]]:
+    """The compiled loops that ``ShmCollectives`` runs for ``dtypes``, with the argument
+    types it passes (``prepare``'s and ``warm``'s items): broadcast and all_gather move
+    bytes (one loop for every dtype); all_reduce and reduce_scatter run per element type
+    (the 16-bit floats as their bits, bool as bytes; reduce_scatter not for the 16-bit
+    floats, which fold step by step)."""
+    from numba import typeof, types
+
+    data, words, state = typeof(np.zeros(1, np.uint8)), typeof(np.zeros(1, np.uint64)), typeof(_chunks.new_state())
+    f, i = types.float64, types.int64
+    items: list[tuple[Any, tuple[Any, ...]]] = [
+        (_BROADCAST, (data, data, words, state)),
+        (_ALL_GATHER, (data, data, data, words, state)),
+    ]
+    elements: dict[Any, bool] = {}
+    for dt in dtypes:
+        kind, view, _ = plan(dt, ReduceOp.SUM if ReduceOp.SUM in dt.ops else next(iter(dt.ops)))
+        elements[typeof(np.zeros(1, view if view is not None else dt.numpy))] = not kind
+    for x, pairwise in elements.items():
+        items += [
+            (_SMALL, (x, data, words, state, f)),
+            (_SMALL_START, (x, data, words, state, f, i, i, i, i, i)),
+            (_ALL_REDUCE, (x, data, words, state, f)),
+        ]
+        if pairwise:
+            items.append((_REDUCE_SCATTER, (x, x, data, words, state, f)))
+    return items
 
 
 class ShmCollectives:

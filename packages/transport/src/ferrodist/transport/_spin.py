@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +27,7 @@ __all__ = [
     "runnable_threads",
     "spin_then_yield",
     "spin_until",
+    "wait_kernels",
     "yields_for",
 ]
 
@@ -149,18 +151,21 @@ def spin_then_yield(words, stride, offset, first, stop, target, spins, yields): 
     return laggard
 
 
-def prepare_waits() -> Ticket:
-    """Queue the compile (or the load from the cache) of the four functions for the
-    argument types ``Arena`` passes: its control words and Python ints."""
+def wait_kernels() -> list[tuple[Any, tuple[Any, ...]]]:
+    """The four functions with the argument types ``Arena`` passes (its control words and
+    Python ints), as ``prepare`` and ``warm`` take them."""
     from numba import types
 
     words, i = types.Array(types.uint64, 1, "C"), types.int64
-    return prepare(
-        [
-            (background(spin_until), (words, i, i, i, i, i, i)),
-            (background(spin_then_yield), (words, i, i, i, i, i, i, i)),
-            (background(publish), (words, i, i, i, i, i)),
-            (background(first_different), (words, i, i, i, i, i)),
-        ],
-        always=True,
-    )
+    return [
+        (background(spin_until), (words, i, i, i, i, i, i)),
+        (background(spin_then_yield), (words, i, i, i, i, i, i, i)),
+        (background(publish), (words, i, i, i, i, i)),
+        (background(first_different), (words, i, i, i, i, i)),
+    ]
+
+
+def prepare_waits() -> Ticket:
+    """Queue the compile (or the load from the cache) of :func:`wait_kernels`: code a
+    transport's start waits for (it has no interpreted twin)."""
+    return prepare(wait_kernels(), always=True)

@@ -48,6 +48,7 @@ __all__ = [
     "NotCompiled",
     "exchange",
     "first_word",
+    "frame_kernels",
     "missed",
     "prepare_wire",
     "receive",
@@ -301,14 +302,23 @@ def prepare_wire() -> None:
     from ._spin import prepare_waits  # _spin imports this module
 
     prepare_waits()
+    for item in frame_kernels():
+        prepare([item])
+
+
+def frame_kernels() -> list[tuple[Any, tuple[Any, ...]]]:
+    """The three functions with the types the links pass (int64 scalars, the link's header
+    words and scratch, uint8 buffers; a payload to send may be read-only), the most used
+    first; none where the compiled calls are not available."""
+    if not AVAILABLE:
+        return []
     i, words, scratch = types.int64, types.Array(types.int64, 1, "C"), types.Array(types.uint64, 1, "C")
     raw, frozen = types.Array(types.uint8, 1, "C"), types.Array(types.uint8, 1, "C", readonly=True)
     sends, receives, exchanges = background(send_frame), background(receive_frame), background(exchange_frames)
-    for item in (
+    return [
         (exchanges, (i, words, i, i, i, raw, scratch, raw, i, i, raw, i)),
         (receives, (i, raw, i, i, i, i, i, raw, i)),
         (sends, (i, words, i, i, i, i, raw, scratch)),
         (sends, (i, words, i, i, i, i, frozen, scratch)),
         (exchanges, (i, words, i, i, i, frozen, scratch, raw, i, i, raw, i)),
-    ):
-        prepare([item])
+    ]
