@@ -34,6 +34,7 @@ TOP_LEVEL = {
     "python",
     "numpy",
     "numba",
+    "kernels",
     "cpu",
     "shm",
     "network",
@@ -470,3 +471,13 @@ def test_a_driver_without_gpus(capsys, clean_env, fake_driver):
     code, doc = doctor(capsys, "--require", "gpu")
     assert code == 1 and doc["gpu"]["gpus"] == []
     assert any("--require gpu: no GPU found (the NVIDIA driver sees no GPU" in p for p in doc["problems"])
+
+
+def test_an_empty_kernel_cache_is_a_note_that_says_to_warm(tmp_path):
+    """The cache's index is read, not loaded: an empty NUMBA_CACHE_DIR holds none of what
+    `ferrodist warm` compiles; the report says how many and what to run."""
+    done = command("--json", env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
+    doc = json.loads(done.stdout)
+    assert doc["kernels"]["cached"] == 0 and doc["kernels"]["total"] > 100
+    (note,) = [n for n in doc["notes"] if "kernel cache" in n]
+    assert f"0 of the {doc['kernels']['total']} kernels" in note and "run `ferrodist warm`" in note

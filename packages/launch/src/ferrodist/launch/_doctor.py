@@ -91,6 +91,7 @@ def diagnose(*, nprocs: int, master_addr: str | None, timeout: float) -> dict[st
         "python": _probes.python_section,
         "numpy": _probes.numpy_section,
         "numba": _probes.numba_section,
+        "kernels": _probes.kernels_section,
         "cpu": _probes.cpu_section,
         "shm": lambda: _probes.shm_section(nprocs),
         "network": lambda: _probes.network_section(master_addr),
@@ -261,6 +262,12 @@ def _notes(report: dict[str, Section]) -> list[str]:
         notes.append(
             f"{shm['directory']} is {size_text(shm['size_bytes'])}: NCCL's intra-node transport and torch's DataLoader "
             "workers keep buffers there and fail when it is this small; mount a larger one (docker run --shm-size=1g)"
+        )
+    kernels = report.get("kernels", {})
+    if kernels.get("total") and kernels["cached"] < kernels["total"]:
+        notes.append(
+            f"the kernel cache holds {kernels['cached']} of the {kernels['total']} kernels `ferrodist warm` compiles: "
+            "a job compiles what it lacks beside its first steps, which run slower until then; run `ferrodist warm` once"
         )
     mpi = report.get("mpi", {})
     if mpi.get("mpi4py") and not mpi.get("library"):

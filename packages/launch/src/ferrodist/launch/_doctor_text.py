@@ -30,6 +30,12 @@ def _numba(s: Section) -> str:
     return f"{s['version']} (llvmlite {s['llvmlite']}); {cache}"
 
 
+def _kernels(s: Section) -> str:
+    held = f"all {s['total']}" if s["cached"] == s["total"] else f"{s['cached']} of the {s['total']}"
+    todo = "" if s["cached"] == s["total"] else "; run `ferrodist warm`"
+    return f"{held} kernels `ferrodist warm` compiles are cached ({', '.join(s['dtypes'])}; {s['ranks']} ranks a host){todo}"
+
+
 def _cpu(s: Section) -> str:
     bits = s["kernel_vector_bits"]
     if bits is None:
@@ -140,6 +146,7 @@ _RENDER: dict[str, tuple[str, Callable[[Section], str | list[str]]]] = {
     "python": ("python", _python),
     "numpy": ("numpy", lambda s: str(s["version"])),
     "numba": ("numba", _numba),
+    "kernels": ("kernels", _kernels),
     "cpu": ("cpu", _cpu),
     "shm": ("/dev/shm", _shm),
     "mpi": ("mpi", _mpi),

@@ -116,6 +116,17 @@ def numba_section() -> Section:
     return section
 
 
+def kernels_section() -> Section:
+    """How many of the kernels ``ferrodist warm`` compiles (its defaults) the disk cache holds:
+    a job compiles the missing ones beside its first steps, which are slower until then."""
+    from ferrodist.core.kernels import cached
+
+    from ._warm import DEFAULT_DTYPES, DEFAULT_RANKS, kernel_list
+
+    held, total = cached(kernel_list(DEFAULT_DTYPES, DEFAULT_RANKS))
+    return {"cached": held, "total": total, "dtypes": list(DEFAULT_DTYPES), "ranks": DEFAULT_RANKS}
+
+
 def kernel_vector_bits() -> int | None:
     """The widest vector register in the loop of ferrodist.core's float32 sum kernel, read from
     its machine code (compiled afresh: Numba shows no machine code for cached kernels); 0 when
