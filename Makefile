@@ -29,12 +29,14 @@ $(DEMO_STAMP): Makefile $(foreach p,$(DEMO_PACKAGES),packages/$(p)/pyproject.tom
 	touch $@
 
 demo: $(DEMO_STAMP)
+	$(BIN)/ferrodist warm
 	$(BIN)/ferrodist run -n 2 examples/all_reduce_ranks.py
 	$(BIN)/ferrodist run -n 2 examples/train_ddp.py
 	$(BIN)/ferrodist run -n 4 examples/train_pipeline.py
 
 test: $(STAMP)
 	$(BIN)/python tools/check_layers.py
+	$(BIN)/ferrodist warm
 	FERRODIST_REQUIRE_MPI=1 FERRODIST_REQUIRE_NCCL_VERSIONS=1 PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
 # The long chaos run: 500 random schedules of collectives under random faults (make test runs 24).

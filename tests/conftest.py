@@ -6,9 +6,9 @@ Profiles (pick with FERRODIST_HYPOTHESIS_PROFILE, default "ci"):
 - dev: random examples, five times as many, for hunting bugs locally.
 
 A run of many tests starts ``tests/_warm.py`` beside itself: it fills Numba's on-disk
-cache at the lowest CPU priority, on the core the serial run leaves idle, so that tests that
-start several rank processes load compiled code instead of compiling it in each process.
-``FERRODIST_WARM_CACHE=0`` turns it off.
+cache with every dtype's kernels at the lowest CPU priority, on the core the serial run
+leaves idle, so that tests that start several rank processes load compiled code instead of
+compiling it. ``FERRODIST_WARM_CACHE=0`` turns it off.
 
 GPU tests run under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set here unless the
 environment already says otherwise; run with ``NUMBA_ENABLE_CUDASIM=0`` on a machine with a

@@ -97,6 +97,9 @@ def run(
 ) -> JobResult:
     """Run ``command`` as ``nprocs`` ranks on this machine and wait for them.
 
+    With several ranks on this node and no ``OMP_NUM_THREADS`` set, every rank gets
+    ``OMP_NUM_THREADS=1`` (as torchrun does), and the launcher says so once.
+
     Each rank gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
     ``GROUP_RANK`` and ``NODE_RANK`` (this node), ``GROUP_WORLD_SIZE`` (``nnodes``),
     ``MASTER_ADDR``, ``MASTER_PORT``, a ``FERRODIST_TOKEN`` (random per job), a job id
@@ -156,6 +159,14 @@ def run(
             "launchers and ranks accept only each other: make one with "
             "`export FERRODIST_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))')` and export that "
             "value on every node before `ferrodist run`"
+        )
+    if nprocs > 1 and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in (extra_env or {}):
+        # Each rank's OpenMP pool (torch's, numpy's BLAS) would otherwise start a thread per
+        # core, and the ranks of a host would fight over the cores: steps many times slower.
+        extra_env = {**(extra_env or {}), "OMP_NUM_THREADS": "1"}
+        console.line(
+            f"ferrodist run: OMP_NUM_THREADS=1 for each of the {nprocs} ranks on this host (their thread pools "
+            "would otherwise share the cores); set OMP_NUM_THREADS to choose another number"
         )
     signals = _Signals()  # before the first rank starts: a signal from now on stops the job
     try:
