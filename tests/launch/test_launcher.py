@@ -25,6 +25,35 @@ def script(tmp_path, body: str):
     return str(path)
 
 
+@pytest.mark.parametrize(
+    ("nprocs", "given", "expected", "said"),
+    [(2, None, "1", True), (3, "2", "2", False), (1, None, "unset", False)],
+)
+def test_several_ranks_get_one_openmp_thread_each_unless_told(
+    tmp_path, monkeypatch, capsys, nprocs, given, expected, said
+):
+    """As torchrun does: ranks that share a host's cores get OMP_NUM_THREADS=1 (torch's and
+    BLAS's thread pools would otherwise fight over the cores), said once on stderr; a value
+    the user set is kept, and a single rank keeps the default."""
+    if given is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", given)
+    job = script(tmp_path, "import os; print(os.environ.get('OMP_NUM_THREADS', 'unset'))")
+    out = io.BytesIO()
+    assert run(nprocs, [job], out=out).exit_code == 0
+    assert sorted(out.getvalue().decode().split()[2::3]) == [expected] * nprocs
+    note = [line for line in capsys.readouterr().err.splitlines() if "OMP_NUM_THREADS" in line]
+    assert note == (
+        [
+            f"ferrodist run: OMP_NUM_THREADS=1 for each of the {nprocs} ranks on this host (their thread "
+            "pools would otherwise share the cores); set OMP_NUM_THREADS to choose another number"
+        ]
+        if said
+        else []
+    )
+
+
 def test_each_rank_gets_its_place_in_the_job_and_a_shared_secret(tmp_path):
     job = script(
         tmp_path,

@@ -164,9 +164,11 @@ def run(
         # Each rank's OpenMP pool (torch's, numpy's BLAS) would otherwise start a thread per
         # core, and the ranks of a host would fight over the cores: steps many times slower.
         extra_env = {**(extra_env or {}), "OMP_NUM_THREADS": "1"}
-        console.line(
+        print(
             f"ferrodist run: OMP_NUM_THREADS=1 for each of the {nprocs} ranks on this host (their thread pools "
-            "would otherwise share the cores); set OMP_NUM_THREADS to choose another number"
+            "would otherwise share the cores); set OMP_NUM_THREADS to choose another number",
+            file=sys.stderr,
+            flush=True,
         )
     signals = _Signals()  # before the first rank starts: a signal from now on stops the job
     try:
