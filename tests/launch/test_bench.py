@@ -148,7 +148,7 @@ def test_without_matplotlib_plot_names_the_extra_and_the_table_is_still_printed(
     code = main(["bench", "--plot", str(picture), "--json", str(out), "--no-progress"])
     said = capsys.readouterr()
     assert code == 1
-    assert "pip install 'ferrodist-launch[bench]'" in said.err and f"--plot {picture}" in said.err
+    assert "pip install matplotlib" in said.err and f"--plot {picture}" in said.err
     assert "### all_reduce (2 ranks, float32)" in said.out  # the table all the same
     assert not picture.exists() and json.loads(out.read_text())["records"]  # and the JSON that was asked for
 
@@ -279,3 +279,20 @@ def test_every_size_is_timed_after_the_background_compiles(monkeypatch, tmp_path
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 3
     assert all(r["seconds"] < 1e-3 for r in rows), rows
+
+
+def test_trace_png_without_matplotlib_merges_and_exits_1_as_bench_plot_does(monkeypatch, capsys, tmp_path):
+    """Both commands do their work and say how to get the picture; neither is a usage error (2)."""
+    from ferrodist.launch import main
+
+    (tmp_path / "rank-0.json").write_text(
+        '[{"name":"all_reduce","cat":"collective","ph":"X","ts":10,"dur":5,"pid":0,"tid":1,'
+        '"args":{"group":"world","call":0}}\n]'
+    )
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    picture = tmp_path / "trace.png"
+    code = main(["trace", str(tmp_path), "--png", str(picture)])
+    said = capsys.readouterr()
+    assert code == 1
+    assert "pip install matplotlib" in said.err and f"--png {picture}" in said.err
+    assert (tmp_path / "trace.json").exists() and not picture.exists()

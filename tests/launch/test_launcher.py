@@ -389,7 +389,10 @@ def test_a_log_dir_that_cannot_be_made_is_a_clear_error(tmp_path, capsys):
     assert err.startswith(f"ferrodist run: --log-dir '{blocker / 'logs'}': cannot make it"), err
 
 
-def test_a_progress_bar_shows_live_through_the_launcher(tmp_path):
+def test_a_progress_bar_shows_live_through_the_launcher_on_a_terminal(tmp_path):
+    import pty
+    import tty
+
     go = tmp_path / "go"
     job = script(
         tmp_path,
@@ -402,19 +405,58 @@ def test_a_progress_bar_shows_live_through_the_launcher(tmp_path):
         sys.stdout.write("\\r100%\\n")
         """,
     )
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "ferrodist.launch", "run", "-n", "1", job], stdout=subprocess.PIPE
-    )
-    assert launcher.stdout is not None
+    terminal, screen = pty.openpty()
+    tty.setraw(screen)  # bytes as written (no \n -> \r\n)
+    launcher = subprocess.Popen([sys.executable, "-m", "ferrodist.launch", "run", "-n", "1", job], stdout=screen)
+    os.close(screen)
     seen = b""
     give_up = time.monotonic() + 30
     while b"10%" not in seen and time.monotonic() < give_up:
-        if select.select([launcher.stdout], [], [], 0.5)[0]:
-            seen += os.read(launcher.stdout.fileno(), 100)
+        if select.select([terminal], [], [], 0.5)[0]:
+            seen += os.read(terminal, 100)
     go.write_text("")  # the rank is still waiting for this: what we saw came before any newline
-    rest = launcher.communicate(timeout=30)[0]
+    assert launcher.wait(timeout=30) == 0
+    rest = b""
+    while select.select([terminal], [], [], 0.5)[0]:
+        try:
+            more = os.read(terminal, 100)
+        except OSError:  # the terminal's other end is closed: all read
+            break
+        if not more:
+            break
+        rest += more
+    os.close(terminal)
     assert seen == b"\r[rank 0]  10%"
-    assert rest == b"\r[rank 0] 100%\n" and launcher.returncode == 0
+    assert rest == b"\r[rank 0] 100%\n"
+
+
+def test_into_a_file_each_rank_writes_whole_lines_as_a_terminal_would_leave_them(tmp_path):
+    """A log has no \r: a progress bar's redraws and the blanks that clear it would run
+    together with the lines printed between them. There a line is written whole when it
+    ends, as it stands after its redraws."""
+    job = script(
+        tmp_path,
+        """
+        import sys
+        for i in range(3):
+            sys.stdout.write(f"\\rtraining {i}/3")
+            sys.stdout.flush()
+            sys.stdout.write("\\r" + " " * 20 + "\\r")
+            print(f"epoch {i}: done")
+        sys.stdout.write("\\rtraining 3/3\\n")
+        print("partial", end="")
+        """,
+    )
+    log = tmp_path / "out.log"
+    with open(log, "wb") as sink:
+        done = subprocess.run(
+            [sys.executable, "-m", "ferrodist.launch", "run", "-n", "1", job], stdout=sink, timeout=60
+        )
+    assert done.returncode == 0
+    assert log.read_bytes() == (
+        b"[rank 0] epoch 0: done\n[rank 0] epoch 1: done\n[rank 0] epoch 2: done\n"
+        b"[rank 0] training 3/3\n[rank 0] partial\n"
+    )
 
 
 def test_version_comes_from_the_installed_package():

@@ -26,7 +26,7 @@ from typing import Any
 
 from ._run import run
 
-__all__ = ["FLOOR", "BenchSpec", "busbw", "startup", "sweep"]
+__all__ = ["FLOOR", "MATPLOTLIB", "BenchSpec", "busbw", "startup", "sweep"]
 
 FERRODIST = ("ferrodist:shm", "ferrodist:tcp", "ferrodist:mpi")
 REFERENCES = ("gloo", "mpi4py")
@@ -89,6 +89,11 @@ def available(library: str, dtype: str = "float32") -> str | None:
     return None
 
 
+#: How to get matplotlib, for ``bench --plot`` and ``trace --png`` (the launch package's
+#: ``bench`` extra brings it too).
+MATPLOTLIB = "pip install matplotlib"
+
+
 def plot_unavailable() -> str | None:
     """Why ``--plot`` cannot draw here (matplotlib is missing), or ``None`` if it can."""
     import importlib.util
@@ -98,7 +103,7 @@ def plot_unavailable() -> str | None:
     except ValueError:  # a module without a spec: importable, say
         found = True
     if not found:
-        return "matplotlib is not installed (pip install 'ferrodist-launch[bench]')"
+        return f"matplotlib is not installed ({MATPLOTLIB})"
     return None
 
 

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ._bench import FLOOR, OPS, REFERENCES, BenchSpec, machine, plot_unavailable, startup, sweep
+from ._bench import FLOOR, MATPLOTLIB, OPS, REFERENCES, BenchSpec, machine, plot_unavailable, startup, sweep
 from ._doctor import add_command as add_doctor_command
 from ._doctor import doctor
 from ._report import plot, table, write_json
@@ -99,7 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     merge.add_argument("directory", help="the directory the ranks wrote their trace files to")
     merge.add_argument("--out", default=None, help="where to write the merged trace (default DIR/trace.json)")
-    merge.add_argument("--png", default=None, help="also draw the timeline into this PNG file (needs matplotlib)")
+    merge.add_argument(
+        "--png", default=None, help=f"also draw the timeline into this PNG file (needs matplotlib: {MATPLOTLIB})"
+    )
     merge.add_argument("--top", type=int, default=10, help="how many of the longest waits to list (default 10)")
     bench = commands.add_parser(
         "bench",
@@ -138,8 +140,7 @@ def _parser() -> argparse.ArgumentParser:
         "--plot",
         metavar="PATH",
         default=None,
-        help="draw busbw against size, log-log, one panel per collective, to PATH (PNG; needs matplotlib: "
-        "pip install 'ferrodist-launch[bench]')",
+        help=f"draw busbw against size, log-log, one panel per collective, to PATH (PNG; needs matplotlib: {MATPLOTLIB})",
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_doctor_command(commands)
@@ -253,10 +254,13 @@ def _trace_command(directory: str, out: str | None, png: str | None, top: int) -
 
     from . import _trace
 
+    no_png = plot_unavailable() if png is not None else None
+    if no_png:
+        print(f"ferrodist trace: --png {png}: {no_png}; the trace is merged and summed up, but not drawn", file=sys.stderr)
     try:
         merged = _trace.merge(directory, out)
         print(_trace.summary(merged, top))
-        if png is not None:
+        if png is not None and not no_png:
             _trace.render_png(merged, png)
             print(f"wrote {png}")
     except FerrodistError as exc:
@@ -264,6 +268,9 @@ def _trace_command(directory: str, out: str | None, png: str | None, top: int) -
             exc.message if exc.message.startswith("ferrodist") else f"ferrodist trace: {exc.message}", file=sys.stderr
         )
         return 2
+    if no_png:  # as `bench --plot`: the work is done, the picture is not (1, not a usage error)
+        print(f"ferrodist trace: did not draw {png}: {no_png}", file=sys.stderr)
+        return 1
     return 0
 
 

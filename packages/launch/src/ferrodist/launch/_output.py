@@ -11,6 +11,13 @@ and the rank's next bytes continue it. When another rank writes while one rank's
 is unfinished, the console first ends that line with a ``\\n`` (on the console only; the log
 file gets exactly what the rank wrote), and the interrupted rank's next bytes start a new
 labelled segment; a lone newline that would only end the line already ended is dropped.
+
+That is for a terminal. Into a file or a pipe (``redraws=False``: a log, a CI job) a ``\r``
+does not go back to the start of a line, and a progress bar's redraws would run together
+with the lines printed between them. There each rank's output is shown a line at a time,
+as a terminal would leave it: a ``\r`` starts the line again, so a bar's redraws and the
+blanks that clear it are dropped, and a line is written whole, with its label, when it ends
+(or when the rank ends).
 """
 
 from __future__ import annotations
@@ -42,8 +49,11 @@ class Console:
         b'\\r[rank 0]  10%\\n[rank 1] ready\\n\\r[rank 0]  20%\\n'
     """
 
-    def __init__(self, sink: BinaryIO) -> None:
+    def __init__(self, sink: BinaryIO, *, redraws: bool = True) -> None:
         self._sink = sink
+        self._redraws = redraws
+        self._lines: dict[int, bytes] = {}  # without redraws: rank -> its line so far
+        self._drawn: dict[int, bytes] = {}  # without redraws: rank -> the last line it redrew
         self._lock = threading.Lock()
         self._open: int | None = None  # the rank whose segment the console line shows unfinished
         self._fresh: dict[int, bool] = {}  # rank -> its next byte starts a segment
@@ -54,7 +64,10 @@ class Console:
         """Show ``data``, the next bytes rank ``rank`` wrote."""
         with self._lock:
             for segment in _SEGMENT.findall(data):
-                self._segment(rank, segment)
+                if self._redraws:
+                    self._segment(rank, segment)
+                else:
+                    self._line_of(rank, segment)
             self._sink.flush()
 
     def end(self, rank: int) -> None:
@@ -63,6 +76,23 @@ class Console:
             if self._open == rank:
                 self._close_line()
                 self._sink.flush()
+            if not self._redraws and (self._lines.get(rank, b"").strip() or self._drawn.get(rank)):
+                self._line_of(rank, b"\n")
+                self._sink.flush()
+
+    def _line_of(self, rank: int, segment: bytes) -> None:
+        """Without redraws: a line is written when it ends; a ``\r`` starts it again."""
+        text = self._lines.pop(rank, b"") + segment.rstrip(b"\r\n")
+        if segment.endswith(b"\n"):
+            if not text.strip():
+                text = self._drawn.get(rank, text)  # a bar that ended its line as it stood
+            self._drawn.pop(rank, None)
+            self._sink.write(f"[rank {rank}] ".encode() + text + b"\n")
+        elif segment.endswith(b"\r"):
+            if text.strip():
+                self._drawn[rank] = text
+        else:
+            self._lines[rank] = text  # unfinished: the rest comes later
 
     def line(self, text: str) -> None:
         """A line of the launcher's own (the summary), on a line of its own."""

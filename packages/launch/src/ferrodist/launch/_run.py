@@ -151,7 +151,8 @@ def run(
             os.makedirs(log_dir, exist_ok=True)
         except OSError as exc:
             raise _invalid(f"ferrodist run: --log-dir {log_dir!r}: cannot make it ({exc.strerror})") from None
-    console = Console(out if out is not None else sys.stdout.buffer)
+    sink = out if out is not None else sys.stdout.buffer
+    console = Console(sink, redraws=_is_terminal(sink))
     token = os.environ.get("FERRODIST_TOKEN", "")
     if nnodes > 1 and not token:
         raise _invalid(
@@ -281,6 +282,13 @@ def _join(where: _Where, stop_fd: int, attempt: int = 0) -> tuple[Hub | Member, 
     except BaseException:
         member.close()
         raise
+
+
+def _is_terminal(sink: BinaryIO) -> bool:
+    try:
+        return sink.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _run_ranks(

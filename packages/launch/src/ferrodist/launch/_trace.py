@@ -149,7 +149,7 @@ _COLOURS = {"collective": "#4c72b0", "p2p": "#55a868", "ddp": "#dd8452", "pipeli
 
 def render_png(merged: Merged, path: str | Path, *, tracks: Sequence[str] | None = None) -> None:
     """Draw the merged timeline (one row per rank and track, one bar per event, coloured
-    by kind) into a PNG file (needs matplotlib: ``pip install 'ferrodist-launch[bench]'``)."""
+    by kind) into a PNG file (needs matplotlib: ``pip install matplotlib``)."""
     try:
         import matplotlib
 
@@ -157,7 +157,7 @@ def render_png(merged: Merged, path: str | Path, *, tracks: Sequence[str] | None
         import matplotlib.pyplot as plt
     except ImportError:
         raise BackendUnavailable(
-            "ferrodist trace --png needs matplotlib: pip install 'ferrodist-launch[bench]' (or pip install matplotlib)"
+            "ferrodist trace --png needs matplotlib: pip install matplotlib"
         ) from None
     data = json.loads(Path(merged.path).read_text(encoding="utf-8"))["traceEvents"]
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in data if e.get("name") == "thread_name"}
