@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -520,12 +521,26 @@ def launcher_env(monkeypatch):
     return monkeypatch
 
 
-def test_auto_without_any_launcher_variable_is_a_world_of_one(launcher_env):
-    dist.init_process_group()
+def test_auto_without_any_launcher_variable_is_a_world_of_one_and_says_so(launcher_env):
+    """torch would refuse to start; a world of one is useful (a script tried alone), but a
+    user who forgot the launcher is told, at the line that asked."""
+    with pytest.warns(UserWarning, match=r"no launcher variables .* a world of one rank; start several with") as said:
+        dist.init_process_group()
     try:
         assert (dist.get_rank(), dist.get_world_size()) == (0, 1)
+        assert [w.filename for w in said] == [__file__]
     finally:
         dist.destroy_process_group()
+
+
+def test_gloo_says_that_it_is_not_gloo_and_simulated_is_quiet(launcher_env):
+    with pytest.warns(UserWarning, match=r"init_process_group\('gloo'\) runs over ferrodist's own 'simulated' transport"):
+        dist.init_process_group("gloo")
+    dist.destroy_process_group()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist.init_process_group("simulated")  # a world of one, asked for
+    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("backend", ["auto", "gloo", "tcp", "shm"])

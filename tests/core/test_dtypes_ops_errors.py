@@ -96,3 +96,13 @@ def test_errors_keep_their_attributes_through_pickle_and_context():
     assert (framed.peer, framed.rank, framed.operation) == (4, 1, "all_reduce")
     assert str(lost) == "gone"
     assert pickle.loads(pickle.dumps(framed)).peer == 4
+
+
+def test_context_names_the_rank_once():
+    """A transport's message already starting with the rank ("rank 0: ...") and a call's
+    context starting with it too: the framed message says "rank 0" once."""
+    lost = PeerLost("rank 0: rank 1 went away (end of stream)", peer=1)
+    framed = lost.with_context("rank 0: all_reduce #1 on group world (group rank 0 of 2)")
+    assert str(framed) == "rank 0: all_reduce #1 on group world (group rank 0 of 2): rank 1 went away (end of stream)"
+    other = PeerLost("rank 3: gone", peer=3).with_context("rank 0: recv #2")
+    assert str(other) == "rank 0: recv #2: rank 3: gone"  # another rank's words keep their name

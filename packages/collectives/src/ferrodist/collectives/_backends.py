@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
@@ -60,12 +62,18 @@ def make_transport(
             _where(info, rank, world_size, init_method, alone=True)  # MASTER_* alone: raises, naming what is missing
         chosen, _ = _auto(info, rank, world_size, init_method)
         if backend == "gloo":
-            _log.info(
-                "init_process_group: backend 'gloo' runs over ferrodist's own %r transport (what 'auto' picks for "
-                "this job); ferrodist does not use Gloo",
-                chosen,
+            _warn_caller(
+                f"init_process_group('gloo') runs over ferrodist's own {chosen!r} transport (what 'auto' picks for "
+                "this job), not over Gloo: ferrodist.collectives takes the name so that torch scripts run unchanged; "
+                "pass 'auto' (or no backend) to say what you mean"
             )
-        elif backend == "nccl":
+        if chosen == "simulated" and info is None and world_size is None:
+            _warn_caller(
+                "init_process_group: no launcher variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) are set, so this "
+                "process is a world of one rank; start several with `ferrodist run -n N script.py` (or torchrun, "
+                "mpiexec), or pass backend='simulated' for a world of one without this warning"
+            )
+        if backend == "nccl":
             _log.info(
                 "init_process_group: backend 'nccl' runs CPU tensors over ferrodist's own %r transport and CUDA "
                 "tensors through NCCL (cuda_route='nccl')",
@@ -196,6 +204,17 @@ def auto_backend(env: Mapping[str, str] | None = None) -> tuple[str, str, Launch
     info = launch_info(env)
     backend, why = _auto(info, None, None, None, env)
     return backend, why, info
+
+
+def _warn_caller(message: str) -> None:
+    """A ``UserWarning`` that points at the first line outside this package (the user's
+    ``init_process_group`` call)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        level += 1
+        frame = frame.f_back
+    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 def _auto(

@@ -61,9 +61,14 @@ class FerrodistError(Exception):
         return self.message
 
     def with_context(self, context: str, **attributes: Any) -> FerrodistError:
-        """A copy of this error whose message starts with ``context`` (and with attributes set)."""
+        """A copy of this error whose message starts with ``context`` (and with attributes set).
+        A message that starts with the rank the context starts with ("rank 0: ...") says it
+        once: ``rank 0: all_reduce #1 ...: a peer was lost``, not ``...: rank 0: a peer ...``."""
         clone = copy.copy(self)
-        clone.args = (f"{context}: {self.message}",)
+        message, lead = self.message, context.split(": ", 1)[0] + ": "
+        if lead.startswith("rank ") and message.startswith(lead):
+            message = message[len(lead) :]
+        clone.args = (f"{context}: {message}",)
         for name, value in attributes.items():
             if getattr(clone, name, None) is None:
                 setattr(clone, name, value)
