@@ -24,38 +24,44 @@ def _time(seconds: float) -> str:
 
 
 def table(records: Sequence[dict[str, Any]], baseline: str | None = None) -> str:
-    """One Markdown table per collective: time and busbw per library, each other library's
-    time divided by ``baseline``'s (>1: the baseline is faster), and ``baseline``'s time over
-    the memory floor's (1.0 would be memory speed) when the floor was measured."""
+    """Two Markdown tables per collective. Times: each library's time per size, the others'
+    with their ratio to ``baseline``'s (above 1: the baseline is faster), and the memory
+    floor's with ``baseline``'s time over it (1.0 would be memory speed) when it was
+    measured. Bus bandwidth: GB/s per library. A column per library keeps rows narrow."""
     libraries = list(dict.fromkeys(r["library"] for r in records))
     candidates = [lib for lib in libraries if lib != FLOOR]
     baseline = baseline if baseline in candidates else (candidates[0] if candidates else None)
-    others = [lib for lib in candidates if lib != baseline]
-    floor = FLOOR in libraries and baseline is not None
     out = []
     for op in dict.fromkeys(r["op"] for r in records):
         rows = [r for r in records if r["op"] == op]
         by = {(r["library"], r["bytes"]): r for r in rows}
         sizes = sorted({r["bytes"] for r in rows})
-        head = ["size"] + [f"{lib} time" for lib in libraries] + [f"{lib} busbw GB/s" for lib in candidates]
-        head += [f"{lib} / {baseline}" for lib in others]
-        head += [f"{baseline} / {FLOOR}"] if floor else []
-        out.append(f"### {op} ({rows[0]['ranks']} ranks, {rows[0]['dtype']})\n")
-        out.append("| " + " | ".join(head) + " |")
-        out.append("|" + "---|" * len(head))
+        out.append(f"### {op} ({rows[0]['ranks']} ranks, {rows[0]['dtype']}): time, and x {baseline}'s\n")
+        out.append("| size | " + " | ".join(libraries) + " |")
+        out.append("|" + "---|" * (len(libraries) + 1))
+        for nbytes in sizes:
+            base = by.get((baseline, nbytes)) if baseline else None
+            cells = [_size(nbytes)]
+            for lib in libraries:
+                r = by.get((lib, nbytes))
+                if r is None:
+                    cells.append("-")
+                elif lib == baseline or base is None:
+                    cells.append(_time(r["seconds"]))
+                elif lib == FLOOR:  # how far the baseline is from memory speed
+                    cells.append(f"{_time(r['seconds'])} ({base['seconds'] / r['seconds']:.2f}x slower)")
+                else:
+                    cells.append(f"{_time(r['seconds'])} ({r['seconds'] / base['seconds']:.2f}x)")
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+        out.append(f"busbw GB/s ({op}):\n")
+        out.append("| size | " + " | ".join(candidates) + " |")
+        out.append("|" + "---|" * (len(candidates) + 1))
         for nbytes in sizes:
             cells = [_size(nbytes)]
-            cells += [_time(by[(lib, nbytes)]["seconds"]) if (lib, nbytes) in by else "-" for lib in libraries]
             for lib in candidates:
                 r = by.get((lib, nbytes))
                 cells.append(f"{busbw(op, nbytes, r['seconds'], r['ranks']):.2f}" if r else "-")
-            base = by.get((baseline, nbytes)) if baseline else None
-            for lib in others:
-                r = by.get((lib, nbytes))
-                cells.append(f"{r['seconds'] / base['seconds']:.2f}x" if r and base else "-")
-            if floor:
-                bound = by.get((FLOOR, nbytes))
-                cells.append(f"{base['seconds'] / bound['seconds']:.2f}x" if bound and base else "-")
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
