@@ -197,3 +197,177 @@ def test_the_pages_have_blocks_and_markers_are_known() -> None:
     assert len(ALL) >= 10, [b.id for b in ALL]
     for b in ALL:
         b.command(Path("block.py"))  # raises on a marker it does not know
+
+
+# -- figures and claims ------------------------------------------------------------------------
+# The figures of the pages come from records (docs/figures, tools/figures.py), and what the
+# pages say the code does is checked against the code: a page that drifts from either fails.
+
+sys.path.insert(0, str(ROOT / "tools"))
+import figures  # noqa: E402
+
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("packages/*/README.md"))]
+#: A cell that holds a measured figure: a time, a rate, a speed ratio.
+MEASURED = re.compile(r"\d(?:\.\d+)? ?(?:us|ms|µs|GB/s|MB/s)\b|\d\.\d+x\b")
+FENCE = re.compile(r"^\s*```")
+
+
+def test_every_figure_block_is_what_its_records_render() -> None:
+    stale = figures.differences()
+    assert not stale, f"{stale}: run `python tools/figures.py write` (or record the figures again)"
+    blocks = [m.group(2) for page in figures.PAGES for m in figures.BLOCK.finditer(page.read_text())]
+    assert "headline" in blocks and len(blocks) >= 10, blocks
+
+
+def _measured_rows_outside_blocks(page: Path) -> list[str]:
+    """Table rows with measured figures that are neither in a figure block, nor in a code
+    block, nor under a heading that says History: page:line of each."""
+    found, headings, in_block, in_code = [], [], False, False
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        if FENCE.match(line):
+            in_code = not in_code
+            continue
+        if in_code:
+            continue
+        if line.startswith("<!-- figure:"):
+            in_block = True
+        elif line.startswith("<!-- /figure -->"):
+            in_block = False
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            headings = [h for h in headings if h[0] < level] + [(level, line)]
+        elif line.startswith("|") and MEASURED.search(line) and not in_block:
+            if not any("History" in text for _, text in headings):
+                found.append(f"{page.relative_to(ROOT)}:{number}: {line[:80]}")
+    return found
+
+
+def test_tables_of_measured_figures_are_generated_or_history() -> None:
+    found = [row for page in DOC_PAGES for row in _measured_rows_outside_blocks(page)]
+    assert not found, "tables of figures that no record generates:\n" + "\n".join(found)
+
+
+def test_the_readme_fits_a_screens_patience() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, len(lines)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lstrip("#").strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    in_code = False
+    for line in page.read_text().splitlines():
+        if FENCE.match(line):
+            in_code = not in_code
+        if in_code or not line.startswith("#"):
+            continue
+        slug = _slug(line)
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        out.add(slug if count == 0 else f"{slug}-{count}")
+    return out
+
+
+def test_links_between_pages_reach_a_file_and_a_heading() -> None:
+    broken = []
+    for page in DOC_PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"\w+://|mailto:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            where = (page.parent / path).resolve() if path else page
+            if not where.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and where.suffix == ".md" and anchor not in _anchors(where):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def _launcher_env(**variables: str) -> dict[str, str]:
+    return {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", **variables}
+
+
+#: What init_process_group("auto") picks for a job on one host, a job over two hosts (as
+#: `ferrodist run --nnodes 2` starts it), and a job under mpiexec.
+AUTO_JOBS = {
+    "one host": _launcher_env(RANK="1", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="4"),
+    "two nodes": _launcher_env(
+        RANK="5", WORLD_SIZE="8", LOCAL_RANK="1", LOCAL_WORLD_SIZE="4", NODE_RANK="1", GROUP_RANK="1"
+    ),
+    "mpiexec": {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
+}
+#: (page, what the sentence says of which job, the pattern whose group names the backend).
+AUTO_CLAIMS = [
+    ("docs/launch.md", "two nodes", r"`LOCAL_WORLD_SIZE` is smaller than `WORLD_SIZE`, so\s+`init_process_group\(\)`\s+picks\s+`(\w+)`"),
+    ("README.md", "one host", r"`init_process_group\(\)` picks (shared memory) when every rank\s+is on this host"),
+    ("README.md", "two nodes", r"the (two levels) \(shared memory inside each node, TCP between nodes\) when the\s+launcher says the ranks span hosts"),
+    ("README.md", "mpiexec", r"and (MPI) under `mpiexec`"),
+]
+#: The words pages use for each backend.
+BACKEND_WORDS = {"shm": {"shm", "shared memory"}, "levels": {"levels", "two levels"}, "tcp": {"tcp", "TCP"}, "mpi": {"mpi", "MPI"}}
+
+
+@pytest.mark.parametrize(("page", "job", "pattern"), AUTO_CLAIMS, ids=[f"{p}:{j}" for p, j, _ in AUTO_CLAIMS])
+def test_what_the_pages_say_auto_picks_is_what_it_picks(page: str, job: str, pattern: str) -> None:
+    pytest.importorskip("mpi4py")  # mpiexec's pick needs it installed
+    from ferrodist.collectives import auto_backend
+
+    said = re.search(pattern, (ROOT / page).read_text())
+    assert said is not None, f"{page} no longer says what a job on {job} picks: update AUTO_CLAIMS with the page"
+    picked, why, _ = auto_backend(AUTO_JOBS[job])
+    assert said.group(1) in BACKEND_WORDS[picked], f"{page} says {said.group(1)!r} for {job}; the code picks {picked} ({why})"
+
+
+def test_the_torch_pages_install_the_torch_the_backend_asks_for() -> None:
+    pin = re.search(r'"torch==([\d.]+)"', (ROOT / "packages/torch/pyproject.toml").read_text())
+    assert pin is not None
+    for page in ("README.md", "docs/torch.md"):
+        text = (ROOT / page).read_text()
+        assert f"pip install torch=={pin.group(1)} --index-url https://download.pytorch.org/whl/cpu" in text, page
+
+
+def test_no_page_says_the_gpu_code_never_ran_on_a_gpu() -> None:
+    ran = figures.load("gpu")["machine"]  # a record of a run on a GPU
+    for page in DOC_PAGES:
+        text = re.sub(r"\s+", " ", page.read_text())
+        assert "has not run on a GPU" not in text and "never ran on a GPU" not in text, (page, ran)
+
+
+def test_pip_lines_name_the_paths_of_a_clone_and_one_matplotlib_hint() -> None:
+    """The packages are on no index: `pip install ferrodist-gpu` cannot work. matplotlib is
+    installed one way everywhere (the pages and the commands' own messages)."""
+    by_name, hints = [], set()
+    sources = [*DOC_PAGES, *sorted(ROOT.glob("packages/launch/src/ferrodist/launch/*.py"))]
+    for path in sources:
+        text = path.read_text()
+        by_name += [f"{path.relative_to(ROOT)}: {m}" for m in re.findall(r"pip install [^\n`]*?'?ferrodist-\w+", text)]
+        hints |= set(re.findall(r"pip install [^\s`'\"]*matplotlib[^\s`'\")]*|pip install '[^']*\[bench\]'", text))
+    assert not by_name, by_name
+    assert hints == {"pip install matplotlib"}, hints
+
+
+DEMO_CHECKS = [
+    ("examples/train_pipeline.py", r"worst\[0\] <= ([\de.-]+)", "docs/pipeline.md"),
+    ("examples/train_ddp.py", r"diff <= ([\de.-]+)", "docs/ddp.md"),
+]
+
+
+@pytest.mark.parametrize(("example", "threshold", "page"), DEMO_CHECKS)
+def test_pages_quote_the_demos_checks_not_one_runs_differences(example: str, threshold: str, page: str) -> None:
+    """A demo's difference from one process moves with the CPU's arithmetic; what it
+    promises is its check. A page quotes that bound, never a run's figure ("max difference
+    1.6e-14" where the demo printed 3.6e-14)."""
+    source = (ROOT / example).read_text()
+    bound = re.search(threshold, source)
+    assert bound is not None, f"{example}: its check is no longer where this test looks"
+    value = next(g for g in bound.groups() if g)
+    text = re.sub(r"\s+", " ", (ROOT / page).read_text())
+    assert f"within {value}" in text, f"{page} should quote {example}'s check (within {value})"
+    quoted = re.findall(r"(?:max difference|differ by|within) (\d(?:\.\d+)?e-\d+)", text)
+    assert all(float(q) == float(value) for q in quoted), (page, quoted, value)

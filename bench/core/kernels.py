@@ -20,8 +20,10 @@ Usage: ``python bench/core/kernels.py [--mib 64] [--rounds 7] [--all]``
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -122,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds per measurement (default 7)")
     parser.add_argument("--all", action="store_true", help="every (dtype, op) of the kernel table at k = 2, 4, 8")
     parser.add_argument("--inplace", action="store_true", help="also time dst = the second source")
+    parser.add_argument("--json", default=None, help="also write every row (milliseconds) to this file")
     args = parser.parse_args(argv)
     cases = DEFAULT_CASES
     if args.all:
@@ -129,15 +132,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.mib} MiB per source, median of {args.rounds}; times in ms; ml_dtypes {ml_dtypes.__version__}")
     print("| case | ferrodist | plain Numba | numpy chained | copy floor | numpy/ferrodist | ferrodist/floor |")
     print("|---|---:|---:|---:|---:|---:|---:|")
+    rows = []
     for name, op, k in cases:
         for inplace in (False, True) if args.inplace else (False,):
             row = run_case(name, op, k, args.mib * 2**20, args.rounds, inplace)
+            rows.append(row)
             speedup = f"{row['numpy'] / row['ferrodist']:.2f}x" if row.get("numpy") else "-"
             print(
                 f"| {row['case']} | {cell(row['ferrodist'])} | {cell(row['plain'])} | {cell(row.get('numpy'))} | "
                 f"{cell(row['floor'])} | {speedup} | {row['ferrodist'] / row['floor']:.2f} |",
                 flush=True,
             )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"mib": args.mib, "rounds": args.rounds, "rows": rows}, indent=1))
     return 0
 
 

@@ -209,7 +209,18 @@ def main() -> None:
         records = list(best.values())
         print(table(records, link, measured, args))
     if args.json:
-        Path(args.json).write_text(json.dumps({"shaping": link.shaping, "stream_rate": measured, "records": records}))
+        floors = {r["bytes"]: floor(r["bytes"], link) for r in records if r["op"] == "all_reduce"}
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "shaping": link.shaping,
+                    "stream_rate": measured,
+                    "ranks_per_node": args.ranks_per_node,
+                    "all_reduce_floor": {str(n): seconds for n, seconds in sorted(floors.items())},
+                    "records": records,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ The kernel cache is the one this install uses (after ``make demo``, ``make test`
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -49,7 +50,7 @@ def rank_main(backend: str, steps: int, out: str) -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
-    for a, b in zip(WIDTHS, WIDTHS[1:]):
+    for a, b in itertools.pairwise(WIDTHS):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers[:-1]))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -94,9 +95,9 @@ def job(backend: str, steps: int, env: dict[str, str]) -> dict[str, Any]:
             raise SystemExit(f"the {backend} job failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         ranks = json.loads(Path(out).read_text())
     per_tenth = max(1, steps // TENTHS)
-    tenths = [
-        max(statistics.median(r["times"][i : i + per_tenth]) for r in ranks) for i in range(0, steps, per_tenth)
-    ][:TENTHS]
+    tenths = [max(statistics.median(r["times"][i : i + per_tenth]) for r in ranks) for i in range(0, steps, per_tenth)][
+        :TENTHS
+    ]
     return {
         "backend": backend,
         "median_ms": max(statistics.median(r["times"]) for r in ranks) * 1e3,

@@ -27,7 +27,7 @@ def options(command: str) -> list[str]:
     return [o for action in parser._actions for o in action.option_strings if o not in ("-h", "--help")]
 
 
-@pytest.mark.parametrize("command", ["run", "trace", "bench", "doctor"])
+@pytest.mark.parametrize("command", ["run", "warm", "trace", "bench", "doctor"])
 def test_every_option_is_documented_in_its_section(command):
     section = sections()[command]
     missing = [o for o in options(command) if not re.search(rf"`[^`]*(?<![\w-]){re.escape(o)}(?![\w-])", section)]
