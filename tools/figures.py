@@ -124,6 +124,8 @@ def record(name: str, runs: int | None, from_log: str | None, recorded: str | No
                 out = Path(scratch) / "out.json"
                 argv = [str(out) if part == "{json}" else part for part in source.command]
                 argv = [sys.executable if part == "python" else part for part in argv]
+                if argv[0] == "sudo" and os.geteuid() == 0:
+                    argv = argv[1:]  # root already
                 env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
                 print(f"[{name} {run + 1}/{runs or source.runs}] {shlex.join(argv)}", flush=True)
                 done = subprocess.run(argv, cwd=ROOT, env=env)

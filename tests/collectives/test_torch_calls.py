@@ -799,7 +799,7 @@ def test_every_call_under_mpiexec():
     if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
         if os.environ.get("FERRODIST_REQUIRE_MPI") == "1":
             pytest.fail("mpi4py / mpiexec are missing but FERRODIST_REQUIRE_MPI=1")
-        pytest.skip("mpi4py and mpiexec are not installed (pip install 'ferrodist-transport[mpi]')")
+        pytest.skip("mpi4py and mpiexec are not installed (pip install -e './packages/transport[mpi]')")
     command = [mpiexec, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, str(SCRIPT), "mpi"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr

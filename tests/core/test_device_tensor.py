@@ -178,5 +178,5 @@ def test_without_a_gpu_asking_for_cuda_says_what_to_do() -> None:
     if "GPU present" in out.stdout:
         pytest.skip("this machine has a CUDA GPU")
     assert out.stdout.count("DeviceUnavailable:") == 3, out.stdout
-    assert "NUMBA_ENABLE_CUDASIM=1" in out.stdout and "pip install ferrodist-gpu" in out.stdout
+    assert "NUMBA_ENABLE_CUDASIM=1" in out.stdout and "pip install -e ./packages/gpu" in out.stdout
     assert issubclass(DeviceUnavailable, RuntimeError)

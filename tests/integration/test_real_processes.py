@@ -141,9 +141,9 @@ def mpiexec() -> str:
     if found is None:
         if os.environ.get("FERRODIST_REQUIRE_MPI") == "1":
             pytest.fail(
-                "mpi4py / mpiexec are missing but FERRODIST_REQUIRE_MPI=1 (pip install 'ferrodist-transport[mpi]')"
+                "mpi4py / mpiexec are missing but FERRODIST_REQUIRE_MPI=1 (pip install -e './packages/transport[mpi]')"
             )
-        pytest.skip("mpi4py and mpiexec are not installed (pip install 'ferrodist-transport[mpi]')")
+        pytest.skip("mpi4py and mpiexec are not installed (pip install -e './packages/transport[mpi]')")
     return found
 
 

@@ -218,7 +218,7 @@ def choose(records: Sequence[Record]) -> Choice:
     if missing:
         raise DeviceUnavailable(
             f"collectives on CUDA tensors go through the staged engine here, which {_ranks(missing)} lack: "
-            "pip install ferrodist-gpu on every rank"
+            "pip install -e ./packages/gpu (from a clone of ferrodist) on every rank"
         )
     if route == "staged":
         return Choice("staged", "asked for")
@@ -230,7 +230,7 @@ def local_record(requested: str) -> Record:
     found = providers()
     nccl = found.get("nccl")
     if nccl is None:
-        probe = Probe(False, "ferrodist-nccl is not installed (pip install 'ferrodist-nccl[cu12]' or '[cu13]')")
+        probe = Probe(False, "ferrodist-nccl is not installed (pip install -e './packages/nccl[cu12]' or '[cu13]' from a clone of ferrodist)")
     elif requested == "staged":
         probe = Probe(False, "the staged route was asked for")  # NCCL is not needed: do not load it
     else:
@@ -285,7 +285,7 @@ class DeviceRoute:
         if staged is None:
             raise DeviceUnavailable(
                 f"{engine.name} cannot run this call ({dt.name}, {op.name if op else 'data movement'}) and the "
-                "staged engine that would is not installed: pip install ferrodist-gpu"
+                "staged engine that would is not installed: pip install -e ./packages/gpu (from a clone of ferrodist)"
             )
         return staged.engine(GroupInfo("staged", 0, 1, 0.0))
 
@@ -300,7 +300,7 @@ def messages(rank: int, operation: str) -> DeviceMessages:
     provider = providers().get("staged")
     if provider is None:
         raise DeviceUnavailable(
-            f"rank {rank}: {operation} of CUDA tensors needs ferrodist-gpu (pip install ferrodist-gpu): "
+            f"rank {rank}: {operation} of CUDA tensors needs ferrodist-gpu (pip install -e ./packages/gpu from a clone of ferrodist): "
             f"no package provides the 'staged' engine in the {GROUP!r} entry points",
             rank=rank,
             operation=operation,

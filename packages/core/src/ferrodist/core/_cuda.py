@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 _HOW = (
-    "install the NVIDIA driver and numba-cuda (pip install ferrodist-gpu) on a machine with a CUDA GPU, "
+    "install the NVIDIA driver and numba-cuda (pip install -e ./packages/gpu from a clone of ferrodist) on a machine with a CUDA GPU, "
     "or set NUMBA_ENABLE_CUDASIM=1 before the first import of numba.cuda to use Numba's CUDA simulator"
 )
 

@@ -274,5 +274,5 @@ def device_cast(device_type: str, purpose: str) -> Callable[..., None]:
         cast: Callable[..., None] = ep.load()
         return cast
     raise DeviceUnavailable(
-        f"{purpose} converts on the GPU with ferrodist-gpu's kernels, which are not installed: pip install ferrodist-gpu"
+        f"{purpose} converts on the GPU with ferrodist-gpu's kernels, which are not installed: pip install -e ./packages/gpu (from a clone of ferrodist)"
     )

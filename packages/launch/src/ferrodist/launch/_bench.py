@@ -78,7 +78,7 @@ def available(library: str, dtype: str = "float32") -> str | None:
         try:
             import mpi4py  # noqa: F401
         except ImportError:
-            return "mpi4py is not installed (pip install 'ferrodist-transport[mpi]')"
+            return "mpi4py is not installed (pip install -e './packages/transport[mpi]' from a clone of ferrodist)"
         if _mpiexec() is None:
             return "mpiexec is not on PATH"
     if library == "gloo":

@@ -29,8 +29,8 @@ DEFAULT_TIMEOUT = 30.0
 ESSENTIAL = ("python", "numpy", "numba", "cpu", "shm", "network", "auto")
 #: What to do when an essential probe fails.
 _IF_FAILED = {
-    "numpy": "install numpy (pip install ferrodist-core brings it)",
-    "numba": "install numba (pip install ferrodist-core brings it) and check that it imports",
+    "numpy": "install numpy (ferrodist-core's install brings it)",
+    "numba": "install numba (ferrodist-core's install brings it) and check that it imports",
     "cpu": "check that numba compiles: python -c 'import numba; numba.njit(lambda: 1)()'",
     "shm": "the shm backend may not work here: use backend='tcp'",
     "network": "set FERRODIST_SOCKET_IFNAME to the interface the ranks should use",
@@ -228,7 +228,7 @@ def _missing(report: dict[str, Section], require: tuple[str, ...]) -> list[str]:
         ),
         "nccl": (
             bool(nccl.get("available")),
-            f"NCCL cannot be loaded ({nccl.get('why') or nccl.get('failed')}); pip install ferrodist-nccl "
+            f"NCCL cannot be loaded ({nccl.get('why') or nccl.get('failed')}); pip install -e './packages/nccl[cu12]' (from a clone of ferrodist) "
             "nvidia-nccl-cu12 (or -cu13), or set FERRODIST_NCCL_LIB",
         ),
         "mpi": (
@@ -247,7 +247,7 @@ def _missing(report: dict[str, Section], require: tuple[str, ...]) -> list[str]:
         "torch": (
             bool(torch.get("version")) and bool(torch.get("ferrodist_torch")),
             f"torch {torch.get('version') or 'is not installed'}, ferrodist.torch "
-            f"{'installed' if torch.get('ferrodist_torch') else 'not installed'}; pip install torch ferrodist-torch",
+            f"{'installed' if torch.get('ferrodist_torch') else 'not installed'}; pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu, then pip install -e ./packages/torch (from a clone of ferrodist)",
         ),
     }
     return [

@@ -369,7 +369,7 @@ def missing_master(env: dict[str, str], info: Any, backend: str) -> str | None:
     if info.under_mpi:
         return (
             f"rank {info.rank} of {info.world_size} was started by mpiexec without mpi4py and without "
-            f"{' and '.join(missing)}: install mpi4py (pip install 'ferrodist-transport[mpi]') for the mpi backend, "
+            f"{' and '.join(missing)}: install mpi4py (pip install -e './packages/transport[mpi]' from a clone of ferrodist) for the mpi backend, "
             "or pass the address to every rank: mpiexec -x MASTER_ADDR=HOST -x MASTER_PORT=PORT ..."
         )
     names, verb = " and ".join(missing), "is" if len(missing) == 1 else "are"

