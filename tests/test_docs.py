@@ -304,13 +304,26 @@ AUTO_JOBS = {
 }
 #: (page, what the sentence says of which job, the pattern whose group names the backend).
 AUTO_CLAIMS = [
-    ("docs/launch.md", "two nodes", r"`LOCAL_WORLD_SIZE` is smaller than `WORLD_SIZE`, so\s+`init_process_group\(\)`\s+picks\s+`(\w+)`"),
+    (
+        "docs/launch.md",
+        "two nodes",
+        r"`LOCAL_WORLD_SIZE` is smaller than `WORLD_SIZE`, so\s+`init_process_group\(\)`\s+picks\s+`(\w+)`",
+    ),
     ("README.md", "one host", r"`init_process_group\(\)` picks (shared memory) when every rank\s+is on this host"),
-    ("README.md", "two nodes", r"the (two levels) \(shared memory inside each node, TCP between nodes\) when the\s+launcher says the ranks span hosts"),
+    (
+        "README.md",
+        "two nodes",
+        r"the (two levels) \(shared memory inside each node, TCP between nodes\) when the\s+launcher says the ranks span hosts",
+    ),
     ("README.md", "mpiexec", r"and (MPI) under `mpiexec`"),
 ]
 #: The words pages use for each backend.
-BACKEND_WORDS = {"shm": {"shm", "shared memory"}, "levels": {"levels", "two levels"}, "tcp": {"tcp", "TCP"}, "mpi": {"mpi", "MPI"}}
+BACKEND_WORDS = {
+    "shm": {"shm", "shared memory"},
+    "levels": {"levels", "two levels"},
+    "tcp": {"tcp", "TCP"},
+    "mpi": {"mpi", "MPI"},
+}
 
 
 @pytest.mark.parametrize(("page", "job", "pattern"), AUTO_CLAIMS, ids=[f"{p}:{j}" for p, j, _ in AUTO_CLAIMS])
@@ -321,7 +334,9 @@ def test_what_the_pages_say_auto_picks_is_what_it_picks(page: str, job: str, pat
     said = re.search(pattern, (ROOT / page).read_text())
     assert said is not None, f"{page} no longer says what a job on {job} picks: update AUTO_CLAIMS with the page"
     picked, why, _ = auto_backend(AUTO_JOBS[job])
-    assert said.group(1) in BACKEND_WORDS[picked], f"{page} says {said.group(1)!r} for {job}; the code picks {picked} ({why})"
+    assert said.group(1) in BACKEND_WORDS[picked], (
+        f"{page} says {said.group(1)!r} for {job}; the code picks {picked} ({why})"
+    )
 
 
 def test_the_torch_pages_install_the_torch_the_backend_asks_for() -> None:

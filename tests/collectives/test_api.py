@@ -534,7 +534,9 @@ def test_auto_without_any_launcher_variable_is_a_world_of_one_and_says_so(launch
 
 
 def test_gloo_says_that_it_is_not_gloo_and_simulated_is_quiet(launcher_env):
-    with pytest.warns(UserWarning, match=r"init_process_group\('gloo'\) runs over ferrodist's own 'simulated' transport"):
+    with pytest.warns(
+        UserWarning, match=r"init_process_group\('gloo'\) runs over ferrodist's own 'simulated' transport"
+    ):
         dist.init_process_group("gloo")
     dist.destroy_process_group()
     with warnings.catch_warnings():

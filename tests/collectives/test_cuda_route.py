@@ -67,7 +67,9 @@ def test_choose_follows_its_rules(world, asked):
         with pytest.raises(DeviceUnavailable, match="'nccl' was asked for but cannot run"):
             choose(recs)
     elif not nccl and not all(r.staged for r in recs):
-        with pytest.raises(DeviceUnavailable, match=r"pip install -e ./packages/gpu \(from a clone of ferrodist\) on every rank"):
+        with pytest.raises(
+            DeviceUnavailable, match=r"pip install -e ./packages/gpu \(from a clone of ferrodist\) on every rank"
+        ):
             choose(recs)
     else:
         choice = choose(recs)

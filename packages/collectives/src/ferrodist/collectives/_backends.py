@@ -211,7 +211,7 @@ def _warn_caller(message: str) -> None:
     ``init_process_group`` call)."""
     here = os.path.dirname(os.path.abspath(__file__))
     level, frame = 2, sys._getframe(1)
-    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+    while os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here and frame.f_back is not None:
         level += 1
         frame = frame.f_back
     warnings.warn(message, UserWarning, stacklevel=level)

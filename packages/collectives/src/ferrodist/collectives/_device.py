@@ -230,7 +230,10 @@ def local_record(requested: str) -> Record:
     found = providers()
     nccl = found.get("nccl")
     if nccl is None:
-        probe = Probe(False, "ferrodist-nccl is not installed (pip install -e './packages/nccl[cu12]' or '[cu13]' from a clone of ferrodist)")
+        probe = Probe(
+            False,
+            "ferrodist-nccl is not installed (pip install -e './packages/nccl[cu12]' or '[cu13]' from a clone of ferrodist)",
+        )
     elif requested == "staged":
         probe = Probe(False, "the staged route was asked for")  # NCCL is not needed: do not load it
     else:

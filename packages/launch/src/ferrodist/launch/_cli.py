@@ -256,7 +256,9 @@ def _trace_command(directory: str, out: str | None, png: str | None, top: int) -
 
     no_png = plot_unavailable() if png is not None else None
     if no_png:
-        print(f"ferrodist trace: --png {png}: {no_png}; the trace is merged and summed up, but not drawn", file=sys.stderr)
+        print(
+            f"ferrodist trace: --png {png}: {no_png}; the trace is merged and summed up, but not drawn", file=sys.stderr
+        )
     try:
         merged = _trace.merge(directory, out)
         print(_trace.summary(merged, top))

@@ -156,9 +156,7 @@ def render_png(merged: Merged, path: str | Path, *, tracks: Sequence[str] | None
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise BackendUnavailable(
-            "ferrodist trace --png needs matplotlib: pip install matplotlib"
-        ) from None
+        raise BackendUnavailable("ferrodist trace --png needs matplotlib: pip install matplotlib") from None
     data = json.loads(Path(merged.path).read_text(encoding="utf-8"))["traceEvents"]
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in data if e.get("name") == "thread_name"}
     rows: list[tuple[int, int]] = sorted({(e["pid"], e["tid"]) for e in data if e.get("ph") == "X"})

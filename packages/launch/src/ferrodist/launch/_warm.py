@@ -46,9 +46,7 @@ def add_command(commands: Any) -> None:
         default=DEFAULT_RANKS,
         help=f"the most ranks a job runs on one host (default {DEFAULT_RANKS}; more compiles more)",
     )
-    warm.add_argument(
-        "--processes", type=int, default=None, help="compile helpers at once (default: one per core)"
-    )
+    warm.add_argument("--processes", type=int, default=None, help="compile helpers at once (default: one per core)")
     warm.add_argument(
         "--check", action="store_true", help="compile nothing: say how much is cached, exit 1 unless all of it"
     )
@@ -94,7 +92,9 @@ def warm_command(args: argparse.Namespace) -> int:
 
     def progress(done: int, todo: int) -> None:
         if show:
-            print(f"\r  {done}/{todo} compiled, {time.monotonic() - started:.0f} s", end="", file=sys.stderr, flush=True)
+            print(
+                f"\r  {done}/{todo} compiled, {time.monotonic() - started:.0f} s", end="", file=sys.stderr, flush=True
+            )
 
     result = warm(kernels, processes=args.processes, progress=progress)
     if show and result.compiled + len(result.failed):
@@ -102,5 +102,7 @@ def warm_command(args: argparse.Namespace) -> int:
     for failure in result.failed:
         print(f"ferrodist warm: could not compile {failure}", file=sys.stderr)
     if not args.quiet:
-        print(f"ferrodist warm: compiled {result.compiled} in {result.seconds:.1f} s; {cached(kernels)[0]} of {total} cached")
+        print(
+            f"ferrodist warm: compiled {result.compiled} in {result.seconds:.1f} s; {cached(kernels)[0]} of {total} cached"
+        )
     return 1 if result.failed else 0
