@@ -110,7 +110,7 @@ def test_without_mpi4py_the_mpi_backend_names_the_extra(monkeypatch):
     from ferrodist.transport import MpiTransport
 
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if it were not installed
-    with pytest.raises(BackendUnavailable, match=r"pip install 'ferrodist-transport\[mpi\]'"):
+    with pytest.raises(BackendUnavailable, match=r"pip install -e './packages/transport\[mpi\]'"):
         MpiTransport()
 
 
