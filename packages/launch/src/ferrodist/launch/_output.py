@@ -60,6 +60,15 @@ class Console:
         self._after_cr: dict[int, bool] = {}  # rank -> the last byte it wrote was a lone \r
         self._cut: dict[int, bool] = {}  # rank -> the console ended its unfinished line for it
 
+    @classmethod
+    def of(cls, sink: BinaryIO) -> Console:
+        """A console for ``sink``: live redraws on a terminal, whole lines into anything else."""
+        try:
+            terminal = sink.isatty()
+        except (AttributeError, ValueError, OSError):
+            terminal = False
+        return cls(sink, redraws=terminal)
+
     def write(self, rank: int, data: bytes) -> None:
         """Show ``data``, the next bytes rank ``rank`` wrote."""
         with self._lock:

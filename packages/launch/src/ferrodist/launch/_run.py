@@ -152,7 +152,7 @@ def run(
         except OSError as exc:
             raise _invalid(f"ferrodist run: --log-dir {log_dir!r}: cannot make it ({exc.strerror})") from None
     sink = out if out is not None else sys.stdout.buffer
-    console = Console(sink, redraws=_is_terminal(sink))
+    console = Console.of(sink)
     token = os.environ.get("FERRODIST_TOKEN", "")
     if nnodes > 1 and not token:
         raise _invalid(
@@ -282,13 +282,6 @@ def _join(where: _Where, stop_fd: int, attempt: int = 0) -> tuple[Hub | Member, 
     except BaseException:
         member.close()
         raise
-
-
-def _is_terminal(sink: BinaryIO) -> bool:
-    try:
-        return sink.isatty()
-    except (AttributeError, ValueError, OSError):
-        return False
 
 
 def _run_ranks(

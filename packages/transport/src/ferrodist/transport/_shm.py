@@ -26,11 +26,12 @@ from ferrodist.core import (
     ReduceOp,
     reducer,
 )
-from ferrodist.core.kernels import NotCompiled, Ticket, background, pairwise_opcode, plan, prepare
+from ferrodist.core.kernels import NotCompiled, Ticket, pairwise_opcode, plan, prepare
 
 from . import _chunks, _spin, _stepwise
 from ._arena import Arena
 from ._env import this_host
+from ._loops import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, SMALL, SMALL_START
 from ._protocol import DEFAULT_TIMEOUT
 from ._rendezvous import Rendezvous
 from ._segment import SegmentGone, create_segment, open_segment
@@ -38,53 +39,13 @@ from ._slots import DEFAULT_SLOTS, default_chunk
 from ._store import KeyValue
 from ._tcp import TcpTransport
 
-__all__ = ["ShmCollectives", "ShmTransport", "pipeline_kernels"]
+__all__ = ["ShmCollectives", "ShmTransport"]
 
 Array = np.ndarray[Any, Any]
 
 #: all_reduce moves at most this many bytes (size x ranks) the one-sync way, in which every
 #: rank reduces everything; above it the pipeline (each rank reduces 1/p) is faster here.
 SMALL_ALL_REDUCE = 32 << 10
-
-
-#: The compiled loops, called from Python only through their fronts: a call whose loop is not
-#: compiled for its dtype yet raises ``NotCompiled`` before it starts, and runs ``_stepwise``
-#: instead while the loop compiles in the background.
-_SMALL_START = background(_chunks.all_reduce_small_start)
-_SMALL = background(_chunks.all_reduce_small)
-_ALL_REDUCE = background(_chunks.all_reduce)
-_BROADCAST = background(_chunks.broadcast)
-_ALL_GATHER = background(_chunks.all_gather)
-_REDUCE_SCATTER = background(_chunks.reduce_scatter)
-
-
-def pipeline_kernels(dtypes: Sequence[DType]) -> list[tuple[Any, tuple[Any, ...]]]:
-    """The compiled loops that ``ShmCollectives`` runs for ``dtypes``, with the argument
-    types it passes (``prepare``'s and ``warm``'s items): broadcast and all_gather move
-    bytes (one loop for every dtype); all_reduce and reduce_scatter run per element type
-    (the 16-bit floats as their bits, bool as bytes; reduce_scatter not for the 16-bit
-    floats, which fold step by step)."""
-    from numba import typeof, types
-
-    data, words, state = typeof(np.zeros(1, np.uint8)), typeof(np.zeros(1, np.uint64)), typeof(_chunks.new_state())
-    f, i = types.float64, types.int64
-    items: list[tuple[Any, tuple[Any, ...]]] = [
-        (_BROADCAST, (data, data, words, state)),
-        (_ALL_GATHER, (data, data, data, words, state)),
-    ]
-    elements: dict[Any, bool] = {}
-    for dt in dtypes:
-        kind, view, _ = plan(dt, ReduceOp.SUM if ReduceOp.SUM in dt.ops else next(iter(dt.ops)))
-        elements[typeof(np.zeros(1, view if view is not None else dt.numpy))] = not kind
-    for x, pairwise in elements.items():
-        items += [
-            (_SMALL, (x, data, words, state, f)),
-            (_SMALL_START, (x, data, words, state, f, i, i, i, i, i)),
-            (_ALL_REDUCE, (x, data, words, state, f)),
-        ]
-        if pairwise:
-            items.append((_REDUCE_SCATTER, (x, x, data, words, state, f)))
-    return items
 
 
 class ShmCollectives:
@@ -167,15 +128,15 @@ class ShmCollectives:
                 flat, data, words, state = (x if view is None else x.view(view)), a.data, a.words, self._state
                 call_id = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # its 64 bits
                 try:
-                    status = _SMALL_START(flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1)
+                    status = SMALL_START(flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1)
                 except NotCompiled as missing:
                     # The resumption first: a front that runs the start finds it ready.
-                    prepare([(_SMALL, missing.types[:5]), (missing.front, missing.types)])
+                    prepare([(SMALL, missing.types[:5]), (missing.front, missing.types)])
                 else:
                     if status == _chunks.DONE:  # the common case: no Python wait, no wake-up
                         a.chunks = int(state[_chunks.CHUNK])
                         return
-                    step = lambda state: _SMALL(flat, data, words, state, divisor)  # noqa: E731
+                    step = lambda state: SMALL(flat, data, words, state, divisor)  # noqa: E731
                     self._resume(step, status, deadline, fingerprint, seq)
                     return
             # One rank, or the compiled loop not ready: the same protocol in Python.
@@ -210,7 +171,7 @@ class ShmCollectives:
             flat, data, words = (x if view is None else x.view(view)), a.data, a.words
             state = self._start(fingerprint, seq, opcode, -1 if root is None else root)
             state[_chunks.HALF] = half
-            step = lambda state: _ALL_REDUCE(flat, data, words, state, divisor)  # noqa: E731
+            step = lambda state: ALL_REDUCE(flat, data, words, state, divisor)  # noqa: E731
             try:
                 status = step(state)
             except NotCompiled as missing:
@@ -295,7 +256,7 @@ class ShmCollectives:
         flat = x.view(np.uint8)
         data, words = a.data, a.words
         self._drive(
-            lambda state: _BROADCAST(flat, data, words, state),
+            lambda state: BROADCAST(flat, data, words, state),
             lambda: _stepwise.broadcast(a, self._health, flat, root, deadline, fingerprint, seq),
             deadline,
             fingerprint,
@@ -310,7 +271,7 @@ class ShmCollectives:
         flat, whole = x.view(np.uint8), out.view(np.uint8)
         data, words = a.data, a.words
         self._drive(
-            lambda state: _ALL_GATHER(flat, whole, data, words, state),
+            lambda state: ALL_GATHER(flat, whole, data, words, state),
             lambda: _stepwise.all_gather(a, self._health, flat, whole, deadline, fingerprint, seq),
             deadline,
             fingerprint,
@@ -332,7 +293,7 @@ class ShmCollectives:
             ins, outs = (blocks, out) if view is None else (blocks.view(view), out.view(view))
             data, words = self._a.data, self._a.words
             self._drive(
-                lambda state: _REDUCE_SCATTER(ins, outs, data, words, state, divisor),
+                lambda state: REDUCE_SCATTER(ins, outs, data, words, state, divisor),
                 lambda: self._reduce_scatter_steps(blocks, out, dt, op, deadline, fingerprint, seq),
                 deadline,
                 fingerprint,

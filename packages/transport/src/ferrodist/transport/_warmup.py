@@ -8,7 +8,7 @@ from typing import Any
 
 from ferrodist.core import DType
 
-from ._shm import pipeline_kernels
+from ._loops import pipeline_kernels
 from ._spin import wait_kernels
 from ._wire import frame_kernels
 

@@ -1,0 +1,55 @@
+"""The shared-memory collectives' compiled loops as ``ShmCollectives`` calls them: their
+fronts, and the argument types it passes them (what ``ferrodist warm`` compiles)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ferrodist.core import DType, ReduceOp
+from ferrodist.core.kernels import background, plan
+
+from . import _chunks
+
+__all__ = ["ALL_GATHER", "ALL_REDUCE", "BROADCAST", "REDUCE_SCATTER", "SMALL", "SMALL_START", "pipeline_kernels"]
+
+#: The compiled loops, called from Python only through their fronts: a call whose loop is not
+#: compiled for its dtype yet raises ``NotCompiled`` before it starts, and runs ``_stepwise``
+#: instead while the loop compiles in the background.
+SMALL_START = background(_chunks.all_reduce_small_start)
+SMALL = background(_chunks.all_reduce_small)
+ALL_REDUCE = background(_chunks.all_reduce)
+BROADCAST = background(_chunks.broadcast)
+ALL_GATHER = background(_chunks.all_gather)
+REDUCE_SCATTER = background(_chunks.reduce_scatter)
+
+
+def pipeline_kernels(dtypes: Sequence[DType]) -> list[tuple[Any, tuple[Any, ...]]]:
+    """The compiled loops that ``ShmCollectives`` runs for ``dtypes``, with the argument
+    types it passes (``prepare``'s and ``warm``'s items): broadcast and all_gather move
+    bytes (one loop for every dtype); all_reduce and reduce_scatter run per element type
+    (the 16-bit floats as their bits, bool as bytes; reduce_scatter not for the 16-bit
+    floats, which fold step by step)."""
+    from numba import typeof, types
+
+    data, words, state = typeof(np.zeros(1, np.uint8)), typeof(np.zeros(1, np.uint64)), typeof(_chunks.new_state())
+    f, i = types.float64, types.int64
+    items: list[tuple[Any, tuple[Any, ...]]] = [
+        (BROADCAST, (data, data, words, state)),
+        (ALL_GATHER, (data, data, data, words, state)),
+    ]
+    elements: dict[Any, bool] = {}
+    for dt in dtypes:
+        kind, view, _ = plan(dt, ReduceOp.SUM if ReduceOp.SUM in dt.ops else next(iter(dt.ops)))
+        elements[typeof(np.zeros(1, view if view is not None else dt.numpy))] = not kind
+    for x, pairwise in elements.items():
+        items += [
+            (SMALL, (x, data, words, state, f)),
+            (SMALL_START, (x, data, words, state, f, i, i, i, i, i)),
+            (ALL_REDUCE, (x, data, words, state, f)),
+        ]
+        if pairwise:
+            items.append((REDUCE_SCATTER, (x, x, data, words, state, f)))
+    return items
