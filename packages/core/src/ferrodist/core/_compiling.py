@@ -29,6 +29,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ._jit import SafeCache
+
 __all__ = ["Helper", "Recipe", "compile_here", "in_cache", "made_by", "main"]
 
 #: The helper's CPU priority (``nice``): below the ranks, so that a job's own work goes
@@ -80,16 +82,16 @@ def made_by(dispatcher: Any, recipe: Recipe) -> Any:
 
 def in_cache(dispatcher: Any, types: tuple[Any, ...]) -> bool:
     """Whether the disk cache holds ``dispatcher``'s code for ``types`` (a read of its index;
-    False for a dispatcher without ferrodist's cache)."""
-    holds = getattr(dispatcher._cache, "holds", None)
-    return bool(holds and holds(types, dispatcher.targetctx))
+    False for a dispatcher without ferrodist's cache, such as ``jit(cache=False)``)."""
+    cache = dispatcher._cache
+    return isinstance(cache, SafeCache) and cache.holds(types, dispatcher.targetctx)
 
 
 def compile_here(dispatcher: Any, types: tuple[Any, ...]) -> Any:
     """Compile ``dispatcher`` for ``types`` in this process (or load it from the disk cache),
     holding the function's lock of this host's cache while doing so; its compile result."""
-    lock = getattr(dispatcher._cache, "compile_lock", None)
-    with lock() if lock is not None else contextlib.nullcontext():
+    cache = dispatcher._cache
+    with cache.compile_lock() if isinstance(cache, SafeCache) else contextlib.nullcontext():
         dispatcher.compile(types)
     return dispatcher.overloads[tuple(types)]
 
