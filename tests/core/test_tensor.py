@@ -16,6 +16,7 @@ from ferrodist.core import (
     bfloat16,
     device,
     float32,
+    host_view,
     reduce_into,
 )
 
@@ -152,6 +153,32 @@ def test_torch_parameters_with_requires_grad_share_memory(torch):
     p = torch.nn.Parameter(torch.zeros(2))
     as_tensor(p).numpy()[0] = 5
     assert p[0].item() == 5
+
+
+@pytest.mark.parametrize(
+    "name", ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool", "complex64"]
+)
+def test_host_view_of_a_torch_tensor_is_its_memory_and_leaves_its_storage_resizable(torch, name):
+    """torch code frees buffers by resizing their storage to zero after a collective (FSDP's
+    flat parameters): viewing a tensor must not make that fail, as ``Tensor.numpy()`` would."""
+    t = torch.zeros(2, 3, dtype=getattr(torch, name))
+    view = host_view(t)
+    assert view is not None and view.shape == (2, 3) and view.dtype.name == name
+    view[1, 2] = 1
+    assert t[1, 2].item() == 1
+    if name != "complex64":  # viewed here; ferrodist's collectives move it as float32 pairs
+        assert as_tensor(t).numpy()[1, 2] == 1
+    t.untyped_storage().resize_(0)  # raised "Trying to resize storage that is not resizable"
+    assert t.untyped_storage().nbytes() == 0
+
+
+def test_host_view_holds_the_tensor_and_refuses_what_has_no_plain_memory(torch):
+    view = host_view(torch.full((4,), 3.0)[1:])  # the temporary lives as long as the view
+    assert view is not None and list(view) == [3.0, 3.0, 3.0]
+    assert host_view(torch.zeros(0)) is not None
+    assert host_view(torch.zeros(2, dtype=torch.complex64).conj()) is None  # a conjugate view: as_tensor says why
+    assert host_view(torch.zeros(2, dtype=torch.float8_e4m3fn)) is None  # no numpy type
+    assert host_view(torch.zeros(2, device="meta")) is None
 
 
 def test_non_contiguous_torch_tensor_is_refused(torch):

@@ -301,16 +301,57 @@ def host_view(obj: object) -> np.ndarray[Any, Any] | None:
         return None if obj.is_cuda else obj._array  # type: ignore[attr-defined]
     if kind.__module__.partition(".")[0] != "torch":
         return None
-    try:
-        array: np.ndarray[Any, Any] = obj.numpy()  # type: ignore[attr-defined]  # CPU, no autograd, numpy's dtypes
-    except (TypeError, RuntimeError):  # bfloat16, requires_grad, a CUDA tensor, conj/neg views: look closer
-        if obj.device.type != "cpu":  # type: ignore[attr-defined]
-            return None
+    return _torch_host(obj)
+
+
+class _Holder:
+    """What a numpy array over a torch tensor's memory keeps as its base: the tensor (alive as
+    long as the array) and the address, shape and type numpy reads."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+
+#: torch dtype -> (the numpy type string of its memory, the dtype to view that as or None);
+#: None for a dtype numpy cannot hold.
+_HOST_FORMS: dict[Any, tuple[str, Any] | None] = {}
+
+
+def _host_form(torch_dtype: Any) -> tuple[str, Any] | None:
+    torch = sys.modules["torch"]
+    if torch_dtype == torch.bfloat16:
+        form: tuple[str, Any] | None = ("<u2", bfloat16.numpy)  # numpy has no bfloat16: its bits, then viewed
+    else:
         try:
-            return _from_torch(obj)._array
-        except InvalidArgument:
-            return None
-    return array if array.flags.c_contiguous else None
+            form = (torch.empty(0, dtype=torch_dtype).numpy().dtype.str, None)
+        except (TypeError, RuntimeError):  # complex32, float8, quantized, ...
+            form = None
+    _HOST_FORMS[torch_dtype] = form
+    return form
+
+
+def _torch_host(obj: Any) -> np.ndarray[Any, Any] | None:
+    """A CPU torch tensor's memory as a numpy array, read from its address.
+
+    Not ``obj.numpy()``: that marks the tensor's storage as not resizable for good, and
+    torch code that frees a buffer by resizing its storage to zero after a collective (FSDP
+    does, between forward and backward) would then fail. The array holds the tensor, and
+    through it the storage; ``requires_grad`` does not matter here (the memory is the same).
+    """
+    form = _HOST_FORMS.get(obj.dtype, _HOST_FORMS)
+    if form is _HOST_FORMS:
+        form = _host_form(obj.dtype)
+    if form is None or not obj.is_cpu or not obj.is_contiguous() or obj.is_conj() or obj.is_neg():
+        return None
+    try:
+        address = obj.data_ptr()  # a tensor without storage (a wrapper subclass, fake or meta) raises
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None
+    typestr, view = form  # type: ignore[misc]
+    holder = _Holder()
+    holder.tensor = obj
+    holder.__array_interface__ = {"data": (address, False), "shape": tuple(obj.shape), "typestr": typestr, "version": 3}
+    array: np.ndarray[Any, Any] = np.asarray(holder)
+    return array if view is None else array.view(view)
 
 
 def device_view(obj: object) -> Tensor | None:
