@@ -546,23 +546,77 @@ def test_recv_without_src_in_a_group_of_two_returns_the_sender(size, data):
     assert results[receiver] == (sender, [float(sender)] * 3)
 
 
-def test_recv_without_src_in_a_larger_group_says_to_name_the_sender_and_takes_nothing():
+def test_recv_without_src_takes_each_message_once_from_whichever_rank_sends_it():
+    """A work queue at 4 ranks: rank 0 receives from any rank, through recv and irecv, in a
+    subgroup too; each sender's messages come in the order it sent them."""
+
     def rank_main():
         me = dist.get_rank()
-        if me == 1:
-            dist.send(np.array([42.0]), dst=0)
+        odd = dist.new_group([0, 1, 3])
+        if me != 0:
+            for i in range(3):
+                dist.send(np.array([me, i], np.float64), dst=0, tag=4)
+            if me in (1, 3):
+                dist.send(np.array([me * 100.0, 0.0]), group=odd, group_dst=0)
             return None
-        if me == 2:
-            return None
-        got = np.zeros(1)
-        with pytest.raises(InvalidArgument, match=r"rank 0: recv: src=None \(any source\) works in a group of two"):
-            dist.recv(got)
-        with pytest.raises(InvalidArgument, match="pass src="):
-            dist.irecv(got)
-        assert dist.recv(got, src=1) == 1  # the message was not taken by the refused receive
-        return got[0]
+        seen = []
+        for i in range(9):
+            got = np.zeros(2)
+            if i % 2:
+                work = dist.irecv(got, tag=4)
+                work.wait()
+                sender = work.source
+            else:
+                sender = dist.recv(got, tag=4)
+            assert got[0] == sender
+            seen.append((sender, int(got[1])))
+        late = []
+        for _ in range(2):
+            got = np.zeros(2)
+            late.append((dist.recv(got, group=odd), got[0]))  # a global rank, though received on a subgroup
+        return seen, sorted(late)
 
-    assert run_world(3, rank_main)[0] == 42.0
+    seen, late = run_world(4, rank_main)[0]
+    for sender in (1, 2, 3):
+        assert [i for s, i in seen if s == sender] == [0, 1, 2]
+    assert late == [(1, 100.0), (3, 300.0)]
+
+
+def test_recv_without_src_and_a_receive_naming_the_sender_take_messages_in_the_order_posted():
+    def rank_main():
+        me = dist.get_rank()
+        if me == 2:
+            dist.barrier()
+            dist.send(np.array([1.0]), dst=0)
+            dist.send(np.array([2.0]), dst=0)
+        elif me == 1:
+            dist.barrier()
+        else:
+            anyone, named = np.zeros(1), np.zeros(1)
+            first = dist.irecv(anyone)
+            second = dist.irecv(named, src=2)
+            dist.barrier()
+            first.wait()
+            second.wait()
+            return first.source, anyone[0], second.source, named[0]
+        return None
+
+    assert run_world(3, rank_main)[0] == (2, 1.0, 2, 2.0)
+
+
+def test_recv_without_src_in_a_group_of_one_or_past_its_deadline_says_so():
+    def rank_main():
+        me = dist.get_rank()
+        alone = dist.new_group([me])
+        with pytest.raises(InvalidRank, match="no other rank to receive from"):
+            dist.recv(np.zeros(1), group=alone)
+        if me == 0:
+            with pytest.raises(CollectiveTimeout, match=r"any of ranks \[1, 2\]") as info:
+                dist.recv(np.zeros(1), timeout=0.3)
+            assert info.value.waiting_for == (1, 2)
+        dist.barrier()
+
+    run_world(3, rank_main)
 
 
 # -- monitored_barrier, barrier(device_ids), get_backend, is_available, group.WORLD ----------------

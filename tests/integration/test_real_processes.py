@@ -159,6 +159,22 @@ def test_property_cases_under_mpiexec():
         assert f"rank {rank} of 2: {CASES} cases passed over mpi" in done.stdout
 
 
+@pytest.mark.parametrize(("backend", "ranks"), [("shm", 4), ("tcp", 3)])
+def test_receives_from_any_rank_in_real_processes(backend, ranks):
+    done = ferrodist_run("-n", str(ranks), str(SCRIPTS / "any_source.py"), backend)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(ranks):
+        assert f"[rank {rank}] rank {rank} of {ranks}: any-source passed over {backend}" in done.stdout
+
+
+def test_receives_from_any_rank_under_mpiexec():
+    command = [mpiexec(), "--allow-run-as-root", "--oversubscribe", "-n", "3", sys.executable]
+    done = subprocess.run([*command, str(SCRIPTS / "any_source.py"), "mpi"], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(3):
+        assert f"rank {rank} of 3: any-source passed over mpi" in done.stdout
+
+
 def test_a_rank_that_skips_a_collective_times_out_under_mpi_instead_of_hanging(tmp_path):
     start = time.monotonic()
     run_mpi(str(SCRIPTS / "faults.py"), "skip", str(tmp_path), "mpi", timeout=120)

@@ -3,6 +3,7 @@ contract: matching by source and tag, sizes and fingerprints, errors, timeouts, 
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -11,7 +12,7 @@ import pytest
 
 from _helpers import tcp_world
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, InvalidArgument, InvalidRank, PeerLost
-from ferrodist.transport import Request, SimulatedTransport, TcpTransport, Transport
+from ferrodist.transport import Faults, Request, SimulatedTransport, TcpTransport, Transport
 
 
 @pytest.fixture(params=["simulated", "tcp"])
@@ -248,3 +249,147 @@ def test_tcp_rendezvous_names_a_rank_that_never_came():
         TcpTransport.connect(rank=0, world_size=2, master_addr="127.0.0.1", master_port=port, timeout=0.5)
     assert info.value.waiting_for == (1,)
     assert time.monotonic() - start < 5
+
+
+# -- receiving from any of several senders -----------------------------------------------------------
+def test_a_receive_from_any_takes_the_message_that_came_first_and_says_whose(make_world):
+    t0, t1, t2, t3 = make_world(4)
+    t3.send(np.array([3.0]), 0, tag=5)
+    time.sleep(0.05)  # over TCP: let rank 3's message arrive before rank 1's
+    t1.send(np.array([1.0]), 0, tag=5)
+    t2.send(np.array([2.0]), 0, tag=6)  # another tag: not for these receives
+    time.sleep(0.05)
+    got = []
+    for _ in range(2):
+        out = np.zeros(1)
+        request = t0.irecv_any(out, [1, 2, 3], tag=5)
+        request.wait(2)
+        got.append((request.source, out[0]))
+    assert got == [(3, 3.0), (1, 1.0)]
+    out = np.zeros(1)
+    t0.recv(out, 2, tag=6, timeout=2)
+    assert out[0] == 2.0
+
+
+def test_a_message_goes_to_whichever_receive_was_posted_first(make_world):
+    t0, t1, t2 = make_world(3)
+    first_any, named, second_any = np.zeros(1), np.zeros(1), np.zeros(1)
+    r_any = t0.irecv_any(first_any, [1, 2], tag=1)
+    r_named = t0.irecv(named, 2, tag=1)
+    r_any2 = t0.irecv_any(second_any, [1, 2], tag=1)
+    assert r_any.source is None and not r_any.is_completed()
+    t2.send(np.array([20.0]), 0, tag=1)  # the first receive posted that takes rank 2's message
+    r_any.wait(2)
+    t2.send(np.array([21.0]), 0, tag=1)  # then the receive that names rank 2
+    r_named.wait(2)
+    t1.send(np.array([10.0]), 0, tag=1)
+    r_any2.wait(2)
+    assert (r_any.source, first_any[0], named[0], r_any2.source, second_any[0]) == (2, 20.0, 21.0, 1, 10.0)
+
+
+def test_receives_from_any_take_every_message_once_and_each_senders_in_order(make_world):
+    world = make_world(4)
+    per_sender = 25
+
+    def sender(rank):
+        for i in range(per_sender):
+            world[rank].send(np.array([rank, i], np.int64), 0, tag=9)
+
+    threads = [threading.Thread(target=sender, args=(r,)) for r in (1, 2, 3)]
+    for thread in threads:
+        thread.start()
+    seen: dict[int, list[int]] = {1: [], 2: [], 3: []}
+    for _ in range(3 * per_sender):
+        out = np.full(2, -1, np.int64)
+        request = world[0].irecv_any(out, [1, 2, 3], tag=9)
+        request.wait(10)
+        assert out[0] == request.source
+        seen[request.source].append(int(out[1]))
+    for thread in threads:
+        thread.join(10)
+    assert seen == {r: list(range(per_sender)) for r in (1, 2, 3)}
+
+
+def test_a_large_message_from_any_sender_arrives_intact(make_world):
+    t0, t1, t2 = make_world(3)
+    big = np.arange(3 << 20, dtype=np.uint8)  # arrives in pieces over TCP
+    out = np.zeros_like(big)
+    request = t0.irecv_any(out, [1, 2], tag=2)
+    t2.send(big, 0, tag=2)
+    request.wait(10)
+    assert request.source == 2 and np.array_equal(out, big)
+    t1.send(big[::-1].copy(), 0, tag=2)
+    time.sleep(0.05)
+    request = t0.irecv_any(out, [1, 2], tag=2)  # posted while (or after) it arrives
+    request.wait(10)
+    assert request.source == 1 and np.array_equal(out, big[::-1])
+
+
+def test_a_receive_from_any_times_out_naming_every_sender_and_swallows_nothing_late(make_world):
+    t0, t1, t2 = make_world(3)
+    with pytest.raises(CollectiveTimeout, match=r"any of ranks \[1, 2\]") as info:
+        t0.irecv_any(np.zeros(1), [1, 2], tag=4).wait(0.2)
+    assert info.value.waiting_for == (1, 2)
+    t2.send(np.array([7.0]), 0, tag=4)
+    out = np.zeros(1)
+    t0.recv(out, 2, tag=4, timeout=2)
+    assert out[0] == 7.0
+
+
+def test_a_receive_from_any_checks_sizes_and_fingerprints(make_world):
+    t0, t1, _ = make_world(3)
+    t1.send(np.zeros(3), 0, tag=1)
+    with pytest.raises(CollectiveMismatch, match="from rank 1"):
+        t0.irecv_any(np.zeros(2), [1, 2], tag=1).wait(2)
+    t1.send(np.zeros(2), 0, tag=2, fingerprint=5)
+    with pytest.raises(CollectiveMismatch):
+        t0.irecv_any(np.zeros(2), [1, 2], tag=2, fingerprint=6).wait(2)
+
+
+def test_a_receive_from_any_waits_on_for_the_senders_that_have_not_finished(make_world):
+    """A work queue's workers leave when they are done: the others may still send."""
+    t0, t1, t2 = make_world(3)
+    out = np.zeros(1)
+    request = t0.irecv_any(out, [1, 2], tag=3)
+    t2.close()
+    time.sleep(0.1)
+    assert not request.is_completed()
+    t1.send(np.array([1.0]), 0, tag=3)
+    request.wait(5)
+    assert (request.source, out[0]) == (1, 1.0)
+    request = t0.irecv_any(out, [1, 2], tag=3)
+    start = time.monotonic()
+    t1.close()
+    with pytest.raises(PeerLost, match="closed its transport") as info:  # every sender has left
+        request.wait(30)
+    assert time.monotonic() - start < 5
+    assert info.value.peer in (1, 2)
+
+
+def test_a_sender_that_fails_ends_a_receive_from_any_at_once(make_world, request):
+    if request.node.callspec.params["make_world"] == "simulated":
+        world = SimulatedTransport.create_group(3, faults=Faults(die_at={2: 1}))
+    else:
+        world = make_world(3)
+    t0, t1, t2 = world
+    receive = t0.irecv_any(np.zeros(1), [1, 2], tag=3)
+    time.sleep(0.05)
+    start = time.monotonic()
+    if isinstance(t2, SimulatedTransport):
+        with pytest.raises(PeerLost):
+            t2.send(np.zeros(1), 0, tag=3)  # its first message: it dies
+    else:
+        t2._links[0].sock.shutdown(socket.SHUT_RDWR)  # gone without a goodbye, as a killed process is
+    with pytest.raises(PeerLost) as info:
+        receive.wait(30)
+    assert time.monotonic() - start < 5
+    assert info.value.peer == 2 and not info.value.finished
+    for t in world:
+        t.close()
+
+
+@pytest.mark.parametrize("sources", [[], [0, 1], [1, 1], [1, 5]])
+def test_bad_sender_lists_are_refused(make_world, sources):
+    t0, _, _ = make_world(3)
+    with pytest.raises((InvalidArgument, InvalidRank)):
+        t0.irecv_any(np.zeros(1), sources, tag=0)

@@ -185,23 +185,21 @@ def recv(
     """Receive into ``tensor`` from global rank ``src`` (or group rank ``group_src``);
     returns the sender's global rank.
 
-    Without ``src``, from any rank: in a group of two ranks, that is the other one. In a
-    larger group it raises ``InvalidArgument``: the transports match a message by its
-    sender and tag, and waiting for whichever comes first could take a message that a
-    later receive is waiting for. Name the sender there.
+    Without either, from any other rank of the group: the next message with ``tag`` that
+    any of them sends (the sender's messages in the order they were sent; between a
+    receive from any rank and one that names the sender, the one posted first takes it).
 
-    Example::
+    Example (a work queue: rank 0 collects results in the order they are ready)::
 
-        x = np.empty(2)
-        if rank == 1:
-            send(np.array([7.0, 8.0]), dst=0)
+        if rank == 0:
+            for _ in range(world_size - 1):
+                result = np.empty(2)
+                sender = recv(result)   # whichever worker finished first
         else:
-            sender = recv(x)   # x == [7., 8.], sender == 1
+            send(np.array([rank, rank * 10.0]), dst=0)
     """
     g = resolve(group)
-    peer = _source(g, "recv", src, group_src)
-    g.recv(tensor, peer, tag, timeout=timeout)
-    return g.ranks[peer]
+    return g.ranks[g.recv(tensor, peer_rank(g, "recv", src, group_src, "src"), tag, timeout=timeout)]
 
 
 def isend(
@@ -216,26 +214,10 @@ def irecv(
     tensor: Any, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0, group_src: int | None = None
 ) -> Work:
     """Start receiving into ``tensor`` from global rank ``src`` (or group rank ``group_src``;
-    without either, the other rank of a group of two, as for ``recv``); returns a ``Work``."""
+    without either, from any other rank, as for ``recv``); returns a ``Work`` whose
+    ``source`` is the sender's group rank once it has finished."""
     g = resolve(group)
-    return g.irecv(tensor, _source(g, "irecv", src, group_src), tag)
-
-
-def sole_peer(g: ProcessGroup, operation: str) -> int:
-    """The group rank a receive from any source can come from: the other rank of a group
-    of two. Larger groups raise: a transport matches a message by (sender, tag), so
-    "whichever sender comes first" cannot be asked of it without taking a message that a
-    later receive is waiting for."""
-    if g.size == 2:
-        return 1 - g.member_rank(operation)
-    g.member_rank(operation)
-    raise InvalidArgument(
-        f"rank {g.global_rank}: {operation}: src=None (any source) works in a group of two ranks only; this group "
-        f"has {g.size}. ferrodist's transports match a message by its sender and tag, so waiting for whichever "
-        "rank sends first could take a message that a later receive is waiting for: pass src= (the sender's rank)",
-        rank=g.global_rank,
-        operation=operation,
-    )
+    return g.irecv(tensor, peer_rank(g, "irecv", src, group_src, "src"), tag)
 
 
 def _destination(g: ProcessGroup, operation: str, dst: int | None, group_dst: int | None) -> int:
@@ -247,11 +229,6 @@ def _destination(g: ProcessGroup, operation: str, dst: int | None, group_dst: in
             operation=operation,
         )
     return peer
-
-
-def _source(g: ProcessGroup, operation: str, src: int | None, group_src: int | None) -> int:
-    peer = peer_rank(g, operation, src, group_src, "src")
-    return sole_peer(g, operation) if peer is None else peer
 
 
 # -- torch's other names ---------------------------------------------------------------------------

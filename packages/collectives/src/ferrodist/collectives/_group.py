@@ -45,7 +45,7 @@ from ._route import Route
 from ._runner import Runner
 from ._select import all_reduce_algorithm
 from ._timeouts import Timeout
-from ._work import Work
+from ._work import RequestWork, Work
 
 #: The channels of groups made by their members only (``subgroup``): bit 30 set, apart
 #: from the small numbers ``new_group`` counts up.
@@ -554,17 +554,25 @@ class ProcessGroup:
         """Start sending ``tensor`` to group rank ``dst``; don't modify it until ``wait()`` returns."""
         return self._messages.start("isend", self._checker("isend"), tensor, dst, tag)
 
-    def irecv(self, tensor: Any, src: int, tag: int = 0) -> Work:
-        """Start receiving into ``tensor`` from group rank ``src``; read it after ``wait()``."""
+    def irecv(self, tensor: Any, src: int | None, tag: int = 0) -> RequestWork:
+        """Start receiving into ``tensor`` from group rank ``src`` (None: the next message with
+        ``tag`` that any other rank sends; the work's ``source`` says whose); read it after
+        ``wait()``."""
         return self._messages.start("irecv", self._checker("irecv"), tensor, src, tag)
 
     def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: Timeout = None) -> None:
         """Send ``tensor`` to group rank ``dst`` (matched by a ``recv`` there with the same tag)."""
         self._messages.start("send", self._checker("send"), tensor, dst, tag, timeout).wait()
 
-    def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: Timeout = None) -> None:
-        """Receive into ``tensor`` from group rank ``src`` (the message must have its exact size)."""
-        self._messages.start("recv", self._checker("recv"), tensor, src, tag, timeout).wait()
+    def recv(self, tensor: Any, src: int | None, tag: int = 0, *, timeout: Timeout = None) -> int:
+        """Receive into ``tensor`` from group rank ``src`` (the message must have its exact
+        size; None: from whichever other rank sends one with ``tag`` first); returns the
+        sender's group rank."""
+        work = self._messages.start("recv", self._checker("recv"), tensor, src, tag, timeout)
+        work.wait()
+        source = work.source
+        assert source is not None
+        return source
 
     # -- failure and lifetime -------------------------------------------------------------------
     def abort(self, error: BaseException) -> None:

@@ -1,8 +1,10 @@
 """Point to point on a ``ProcessGroup``: ``send``, ``recv``, ``isend``, ``irecv`` by group rank.
 
 Messages travel on the group's channel with the user's tag (``p2p_tag``), apart from the
-group's collectives; device tensors go through the device engine. A wait is bounded by
-the group's timeout (or the caller's); an aborted group fails them at once.
+group's collectives; device tensors go through the device engine. A receive without a
+sender takes the next message with its tag from any other rank of the group (the
+transport's ``irecv_any``), and its work says whose it was. A wait is bounded by the
+group's timeout (or the caller's); an aborted group fails them at once.
 """
 
 from __future__ import annotations
@@ -37,38 +39,49 @@ class Messages:
         self._timeout = timeout
 
     def start(
-        self, operation: str, check: Checker, tensor: Any, peer: int, tag: int, timeout: Timeout = None
+        self, operation: str, check: Checker, tensor: Any, peer: int | None, tag: int, timeout: Timeout = None
     ) -> RequestWork:
         """Check and start one message (``send``/``isend`` out, ``recv``/``irecv`` in); its
         wait is bounded by ``timeout`` (or the group's)."""
         return self.prepare(operation, check, tensor, peer, tag, timeout).start()
 
     def prepare(
-        self, operation: str, check: Checker, tensor: Any, peer: int, tag: int, timeout: Timeout = None
+        self, operation: str, check: Checker, tensor: Any, peer: int | None, tag: int, timeout: Timeout = None
     ) -> Message:
-        """Check one message and make it ready to start."""
+        """Check one message and make it ready to start (``peer`` None: a receive from any
+        other rank of the group)."""
         sending = operation in ("send", "isend")
         me = self._ranks.index(check.rank)
-        peer_rank = check.root(peer, len(self._ranks), "dst" if sending else "src")
-        if peer_rank == me:
-            raise check.fail(f"peer {peer_rank} is this rank itself; copy the data locally", InvalidRank)
+        if peer is None and not sending:
+            if len(self._ranks) == 1:
+                raise check.fail("a group of one rank has no other rank to receive from", InvalidRank)
+            sources = tuple(r for i, r in enumerate(self._ranks) if i != me)
+            whom = "any other rank"
+        else:
+            peer_rank = check.root(peer, len(self._ranks), "dst" if sending else "src")
+            if peer_rank == me:
+                raise check.fail(f"peer {peer_rank} is this rank itself; copy the data locally", InvalidRank)
+            sources, whom = (self._ranks[peer_rank],), f"group rank {peer_rank}"
         if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= MAX_USER_TAG:
             raise check.fail(f"tag must be an integer in 0..{MAX_USER_TAG}, not {tag!r}")
         t = check.tensor(tensor, writeable=not sending)
-        to = self._ranks[peer_rank]
         on_device = device_type(check.rank, operation, [t]) is not None
         return Message(
             self,
             operation,
             t if on_device else t.flat(),
-            to,
+            sources[0] if peer is not None else None,
+            sources,
             tag,
             self._timeout if timeout is None else self._runner.limit(timeout, operation),
-            f"rank {check.rank}: {operation} with group rank {peer_rank} (tag {tag}) on group {self._name}",
+            f"rank {check.rank}: {operation} with {whom} (tag {tag}) on group {self._name}",
             on_device,
         )
 
-    def _traced(self, operation: str, peer: int, tag: int, x: Any) -> Callable[[bool], None] | None:
+    def group_rank(self, transport_rank: int | None) -> int | None:
+        return None if transport_rank is None else self._ranks.index(transport_rank)
+
+    def _traced(self, operation: str, peer: int | None, tag: int, x: Any) -> Callable[[bool], None] | None:
         """What records a message in this rank's trace when it ends (None: tracing is off)."""
         tracer = self._runner.tracer
         if tracer is None:
@@ -89,7 +102,8 @@ class Message:
     messages: Messages
     operation: str
     x: Any  # a flat host array, or a device Tensor
-    peer: int  # transport rank
+    peer: int | None  # transport rank; None: a receive from any of ``sources``
+    sources: tuple[int, ...]  # the transport ranks it may come from (or goes to)
     tag: int  # the user's
     limit: float
     context: str
@@ -103,11 +117,33 @@ class Message:
         owner = self.messages
         wire_tag = p2p_tag(owner._group_id, self.tag)
         traced = owner._traced(self.operation, self.peer, self.tag, self.x)
+        transport: Any = owner._transport if self.peer is not None else _FromAny(owner._transport, self.sources)
         if self.on_device:  # staged through host memory on every route
             dev = messages(owner._transport.rank, self.operation)
             start = dev.isend if self.sending else dev.irecv
-            request = start(owner._transport, self.x, self.peer, wire_tag)
+            request = start(transport, self.x, -1 if self.peer is None else self.peer, wire_tag)  # _FromAny: no peer
         else:
-            transport = owner._transport
             request = (transport.isend if self.sending else transport.irecv)(self.x, self.peer, wire_tag)
-        return RequestWork(self.context, request, self.limit, self.context, traced)
+        if self.sending:
+            return RequestWork(self.context, request, self.limit, self.context, traced)
+        sender = owner.group_rank(self.peer)
+        source = (lambda: sender) if sender is not None else (lambda: owner.group_rank(transport.source))
+        return RequestWork(self.context, request, self.limit, self.context, traced, source)
+
+
+class _FromAny:
+    """A transport whose ``irecv`` receives from whichever of ``sources`` sends first (for
+    the device engine's staged receive too); ``source`` is the sender, once known."""
+
+    def __init__(self, transport: Transport, sources: tuple[int, ...]) -> None:
+        self._transport = transport
+        self._sources = sources
+        self._request: Any = None
+
+    def irecv(self, buf: Any, peer: None, tag: int) -> Any:
+        self._request = self._transport.irecv_any(buf, self._sources, tag)
+        return self._request
+
+    @property
+    def source(self) -> int | None:
+        return None if self._request is None else self._request.source

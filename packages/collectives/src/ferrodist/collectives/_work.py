@@ -69,7 +69,8 @@ class Work:
 
 
 class RequestWork(Work):
-    """A ``Work`` over one transport request (``isend`` / ``irecv``)."""
+    """A ``Work`` over one transport request (``isend`` / ``irecv``); a receive's ``source``
+    is the group rank its message came from."""
 
     def __init__(
         self,
@@ -78,12 +79,20 @@ class RequestWork(Work):
         default_timeout: float,
         context: str,
         traced: Callable[[bool], None] | None = None,
+        source: Callable[[], int | None] | None = None,
     ) -> None:
         super().__init__(description)
         self._request = request
         self._default_timeout = default_timeout
         self._context = context
         self._traced = traced  # records the message in the rank's trace when it ends (failed?)
+        self._source = source
+
+    @property
+    def source(self) -> int | None:
+        """The group rank a receive's message came from (a receive from any rank: once it
+        has begun to arrive; ``wait()`` first); None for a send."""
+        return None if self._source is None else self._source()
 
     def is_completed(self) -> bool:
         return self._done.is_set() or self._request.is_completed()

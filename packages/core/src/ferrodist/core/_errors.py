@@ -130,11 +130,22 @@ class PeerLost(FerrodistError, ConnectionError):
 
     Attributes:
         peer: the global rank that was lost.
+        finished: the peer closed its transport on purpose (it finished, or destroyed its
+            group) rather than failing.
     """
 
-    def __init__(self, message: str, *, peer: int, rank: int | None = None, operation: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        peer: int,
+        rank: int | None = None,
+        operation: str | None = None,
+        finished: bool = False,
+    ) -> None:
         super().__init__(message, rank=rank, operation=operation)
         self.peer = peer
+        self.finished = finished
 
 
 class ProtocolError(FerrodistError, RuntimeError):

@@ -309,6 +309,8 @@ class _Holder:
     long as the array) and the address, shape and type numpy reads."""
 
     __slots__ = ("__array_interface__", "tensor")
+    __array_interface__: dict[str, Any]
+    tensor: Any
 
 
 #: torch dtype -> (the numpy type string of its memory, the dtype to view that as or None);

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from ferrodist.collectives import ProcessGroup, destroy_process_group, irecv
+from ferrodist.collectives import ProcessGroup, destroy_process_group
 from ferrodist.core import InvalidArgument, ReduceOp
 
 from . import _forms as forms
@@ -419,23 +419,19 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         )
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> FerrodistWork:
-        """``recv``/``irecv`` without ``src``: in a group of two ranks, from the other one
-        (``work._source_rank()`` says which). A larger group raises ``InvalidArgument`` and
-        takes no message: ferrodist's transports match a message by its sender and tag, so
-        waiting for whichever rank sends first could take a message that a later receive is
-        waiting for; pass ``src=`` there."""
+        """``recv``/``irecv`` without ``src``: the next message with ``tag`` that any other
+        rank of the group sends (``work._source_rank()`` says whose)."""
         tensor = self._one(tensors, "recv_anysource")
         g = self.ferrodist_group
         staging = Staging(g.rank, "recv_anysource")
-        inner = irecv(staging.arg(tensor, output=True), group=g, tag=int(tag))  # no src: the other rank of two
-        peer = 1 - g.rank
-        return FerrodistWork(
-            f"recv from any source (group rank {peer}, tag {tag})",
-            inner,
-            tensors,
-            finish=staging.finish,
-            source=lambda: peer,
-        )
+        inner = g.irecv(staging.arg(tensor, output=True), None, int(tag))
+
+        def source() -> int:
+            sender = inner.source
+            assert sender is not None  # asked after the receive finished
+            return sender
+
+        return FerrodistWork(f"recv from any source (tag {tag})", inner, tensors, finish=staging.finish, source=source)
 
     # -- lifetime ---------------------------------------------------------------------------------------
     @property

@@ -364,7 +364,7 @@ class Link:
         ``irecv`` does (a message that came meanwhile was kept for it) for the general
         reader (``read_for``)."""
         if self.ended or not self.read_lock.acquire(blocking=False):
-            self.transport._post(pending, self.peer)
+            self.transport._post(pending)
             return
         try:
             self._settle(pending, self.read_direct(pending, deadline) if self._clear(pending.tag) else DIRECT_WAIT)
@@ -433,7 +433,7 @@ class Link:
         reader unless it is filled or its frame is the link's now; begin the frame of
         another message whose header is in."""
         if outcome in (DIRECT_WAIT, DIRECT_OTHER):
-            self.transport._post(pending, self.peer)
+            self.transport._post(pending)
         if outcome == DIRECT_OTHER:  # a whole header is in: begin its frame as advance would
             try:
                 self._got = 0
@@ -478,6 +478,7 @@ class Link:
                 f"rank {self.peer} closed its transport (it finished, or called destroy_process_group)",
                 peer=self.peer,
                 rank=t.rank,
+                finished=True,
             )
         if header.kind == ABORT:  # a notice: read whole, handled by _complete
             frame = Frame(header.tag, header.fingerprint, None, None, ABORT)

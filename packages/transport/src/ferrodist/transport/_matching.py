@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ferrodist.core import CollectiveMismatch, CollectiveTimeout, InvalidArgument, InvalidRank
+from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError, InvalidArgument, InvalidRank
 
 Buffer = np.ndarray[Any, Any]
 
@@ -27,6 +28,17 @@ def check_peer(rank: int, world_size: int, peer: object, what: str) -> int:
     if peer == rank:
         raise InvalidRank(f"rank {rank}: {what} names itself; copy the data locally instead", rank=rank)
     return peer
+
+
+def check_sources(rank: int, world_size: int, sources: object) -> tuple[int, ...]:
+    """The senders a receive from any of several may take its message from: other ranks
+    of the world, at least one, each once."""
+    peers = tuple(check_peer(rank, world_size, peer, "recv from any source") for peer in sources)  # type: ignore[attr-defined]
+    if not peers or len(set(peers)) != len(peers):
+        raise InvalidArgument(
+            f"rank {rank}: recv from any source: the senders must be distinct ranks, at least one, not {list(peers)}"
+        )
+    return peers
 
 
 def check_tag(tag: object, what: str) -> int:
@@ -75,8 +87,38 @@ def check_match(
     return None
 
 
-def receive_timeout(rank: int, src: int, tag: int, limit: float) -> CollectiveTimeout:
-    """The error of a receive whose message did not come in time."""
+def receiving(pending: Any, what: str = "receive") -> str:
+    """``what`` and whom a receive (``src``, or ``sources`` when from any of several) takes
+    its message from, for messages."""
+    if pending.sources is None:
+        return f"{what} from rank {pending.src}"
+    return f"{what} from any of ranks {list(pending.sources)} (tag {pending.tag:#x})"
+
+
+def lost_sender(lost: Mapping[int, FerrodistError], senders: tuple[int, ...]) -> FerrodistError | None:
+    """What ends a receive from ``senders`` that are gone (``lost``: each gone rank's error):
+    the first one that failed; or, once every one has closed its transport on purpose
+    (``PeerLost.finished``), the last one's. None while one of them may still send (a
+    receive from any of several waits on for the others when one finishes)."""
+    gone = [lost[peer] for peer in senders if peer in lost]
+    failed = next((error for error in gone if not getattr(error, "finished", False)), None)
+    return failed or (gone[-1] if gone and len(gone) == len(senders) else None)
+
+
+def receive_timeout(rank: int, src: int | tuple[int, ...], tag: int, limit: float) -> CollectiveTimeout:
+    """The error of a receive whose message did not come in time (``src``: the sender, or
+    the senders a receive from any of several waited for)."""
+    if isinstance(src, tuple):
+        if len(src) == 1:
+            src = src[0]
+        else:
+            return CollectiveTimeout(
+                f"rank {rank} waited {limit:g} s for a message from any of ranks {list(src)} (tag {tag:#x}) and "
+                "none came: none of them has reached its send, or they are stuck (raise the timeout if they are "
+                "only slow)",
+                rank=rank,
+                waiting_for=src,
+            )
     return CollectiveTimeout(
         f"rank {rank} waited {limit:g} s for a message from rank {src} (tag {tag:#x}) that never came: "
         f"rank {src} has not reached the matching call, is stuck, or is itself waiting on another rank "

@@ -11,6 +11,7 @@ backoff) until it completes or the deadline passes, so a missing rank gives
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,7 +29,7 @@ from ferrodist.core import (
 )
 
 from ._aborts import Aborts, Notice, channel_of
-from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag
+from ._matching import Buffer, as_bytes, check_match, check_peer, check_sources, check_tag, receive_timeout
 from ._protocol import DEFAULT_TIMEOUT
 
 __all__ = ["MpiCollectives", "MpiTransport", "mpi"]
@@ -125,6 +126,56 @@ class _Receive(_Requests):
         if error is not None:
             raise error
 
+    @property
+    def source(self) -> int:
+        return self._peer
+
+
+class _Queued:
+    """A receive that MPI does not match yet: one from whichever of several senders comes
+    first (``any``), or one that names its sender but was posted after such a receive that
+    has not taken a message yet. MPI's own matching would let it overtake the earlier one:
+    the transport keeps these in the order they were posted and lets each go to MPI in turn
+    (``MpiTransport._progress``), whenever one of its receives is waited for or polled.
+
+    A receive from any sender probes each sender for a header (MPI's matched probe takes
+    that header out of MPI's matching) and then receives that message's payload from its
+    sender, in one step under the transport's matching lock, which every posting takes too:
+    each sender's headers and payloads are matched with the receives in the same order."""
+
+    def __init__(
+        self, transport: MpiTransport, sources: tuple[int, ...], buf: Buffer, tag: int, fp: int, *, any: bool
+    ) -> None:
+        self._t, self.sources, self.buf, self.tag, self.fp, self.any = transport, sources, buf, tag, fp, any
+        self.inner: _Receive | None = None
+        self.first = 0  # the sender a receive from any probes first next time (each in turn)
+
+    @property
+    def source(self) -> int | None:
+        return None if self.inner is None else self.inner.source
+
+    def is_completed(self) -> bool:
+        inner = self.inner or self._t._progress(self)
+        return inner is not None and inner.is_completed()
+
+    def wait(self, timeout: float | None = None) -> None:
+        t = self._t
+        limit = t.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        nap = 20e-6
+        while (inner := self.inner or t._progress(self)) is None:
+            now = time.monotonic()
+            try:
+                t._check_open("recv", self.tag)
+                if now >= deadline:
+                    raise receive_timeout(t.rank, self.sources, self.tag, limit)
+            except FerrodistError:
+                t._withdraw(self)
+                raise
+            time.sleep(min(nap, deadline - now))
+            nap = min(nap * 2, _MAX_NAP)
+        inner.wait(max(0.0, deadline - time.monotonic()))
+
 
 class MpiTransport:
     """A transport over an MPI communicator (a duplicate of ``COMM_WORLD`` by default).
@@ -142,6 +193,8 @@ class MpiTransport:
         self._timeout = float(timeout)
         self._closed = False
         self._aborts = Aborts()
+        self._matching = threading.Lock()  # see _Queued
+        self._queued: list[_Queued] = []  # receives MPI does not match yet, in the order posted
 
     @property
     def rank(self) -> int:
@@ -184,17 +237,75 @@ class MpiTransport:
     def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.isend(buf, dst, tag, fingerprint=fingerprint).wait(timeout)
 
-    def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> _Receive:
+    def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> _Receive | _Queued:
         src = check_peer(self._rank, self._world_size, src, "recv")
         tag = check_tag(tag, "recv")
         target = as_bytes(buf, "recv", writeable=True, rank=self._rank)
         self._check_open("recv", tag)
-        header = np.zeros(2, np.uint64)
+        with self._matching:
+            if not self._queued:
+                return self._post(src, target, tag, fingerprint)
+            queued = _Queued(self, (src,), target, tag, fingerprint, any=False)
+            self._queued.append(queued)
+        self._progress(queued)
+        return queued
+
+    def irecv_any(self, buf: Buffer, sources: Sequence[int], tag: int = 0, *, fingerprint: int = 0) -> _Queued:
+        """Receive the next message with ``tag`` that any of ``sources`` sends (its ``source``
+        says whose, once it has begun to arrive). See ``_Queued``."""
+        peers = check_sources(self._rank, self._world_size, sources)
+        tag = check_tag(tag, "recv")
+        target = as_bytes(buf, "recv", writeable=True, rank=self._rank)
+        self._check_open("recv", tag)
+        queued = _Queued(self, peers, target, tag, fingerprint, any=True)
+        with self._matching:
+            self._queued.append(queued)
+        self._progress(queued)
+        return queued
+
+    def _post(self, src: int, target: Buffer, tag: int, fingerprint: int, header_from: Any = None) -> _Receive:
+        """Hand a receive from ``src`` to MPI (``header_from``: the probed message of its header)."""
+        header, MPI = np.zeros(2, np.uint64), mpi()
         requests = [
-            self._comm.Irecv([header, mpi().UINT64_T], src, _mpi_tag(tag, False)),
-            self._comm.Irecv([target, mpi().BYTE], src, _mpi_tag(tag, True)),
+            header_from.Irecv([header, MPI.UINT64_T])
+            if header_from is not None
+            else self._comm.Irecv([header, MPI.UINT64_T], src, _mpi_tag(tag, False)),
+            self._comm.Irecv([target, MPI.BYTE], src, _mpi_tag(tag, True)),
         ]
         return _Receive(self, requests, src, header, target, tag, fingerprint)
+
+    def _progress(self, asking: _Queued) -> _Receive | None:
+        """Let the queued receives go to MPI in the order they were posted, each as far as the
+        earlier ones allow: one that names its sender once no earlier queued receive may take
+        that sender's message; one from any sender once a header from one of its senders
+        that no earlier one waits for is there. Returns ``asking``'s MPI receive, if it has one."""
+        with self._matching:
+            blocked: set[tuple[int, int]] = set()  # (sender, tag) an earlier queued receive waits for
+            waiting = []
+            for queued in self._queued:
+                if not queued.any and (queued.sources[0], queued.tag) not in blocked:
+                    queued.inner = self._post(queued.sources[0], queued.buf, queued.tag, queued.fp)
+                elif queued.any:
+                    count = len(queued.sources)
+                    for i in range(count):
+                        src = queued.sources[(queued.first + i) % count]
+                        if (src, queued.tag) not in blocked:
+                            found = self._comm.Improbe(src, _mpi_tag(queued.tag, False))  # None: nothing yet
+                            if found is not None:
+                                queued.inner = self._post(src, queued.buf, queued.tag, queued.fp, found)
+                                break
+                    queued.first += 1
+                if queued.inner is None:
+                    waiting.append(queued)
+                    blocked.update((src, queued.tag) for src in queued.sources)
+            self._queued = waiting
+        return asking.inner
+
+    def _withdraw(self, queued: _Queued) -> None:
+        """Forget a queued receive whose wait failed (later ones may go on)."""
+        with self._matching:
+            if queued in self._queued:
+                self._queued.remove(queued)
 
     def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.irecv(buf, src, tag, fingerprint=fingerprint).wait(timeout)

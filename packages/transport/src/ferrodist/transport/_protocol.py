@@ -143,6 +143,14 @@ class Transport(Protocol):
 
     def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> Request: ...
 
+    def irecv_any(self, buf: Buffer, sources: Sequence[int], tag: int = 0, *, fingerprint: int = 0) -> Request:
+        """Receive the next message with ``tag`` that any of ``sources`` sends: one that came
+        before takes it (the first to come), else the first to come after. It competes with
+        the receives that name a sender: a message goes to the one posted first. The
+        request's ``source`` is the sender once its message has begun to arrive (None
+        before); a wait that runs out names every one of ``sources``."""
+        ...
+
     def sendrecv(
         self,
         send_buf: Buffer,

@@ -38,15 +38,28 @@ DONE = Done()
 
 
 class Pending:
-    __slots__ = ("buf", "claimed", "done", "error", "fingerprint", "tag")
+    """A posted receive: from one sender (``src``), or from whichever of ``sources`` sends
+    first (then ``src`` is -1 until a message is matched with it)."""
 
-    def __init__(self, buf: Buffer, tag: int, fingerprint: int) -> None:
+    __slots__ = ("buf", "claimed", "done", "error", "fingerprint", "order", "sources", "src", "tag")
+
+    def __init__(
+        self, buf: Buffer, tag: int, fingerprint: int, src: int = -1, sources: tuple[int, ...] | None = None
+    ) -> None:
         self.buf = buf
         self.tag = tag
         self.fingerprint = fingerprint
+        self.src = src
+        self.sources = sources
+        self.order = 0  # when it was queued (the mailbox numbers receives and early arrivals)
         self.claimed = False  # the receiver thread is reading into buf
         self.done = False
         self.error: BaseException | None = None
+
+    @property
+    def senders(self) -> tuple[int, ...]:
+        """The ranks its message may come from."""
+        return (self.src,) if self.sources is None else self.sources
 
 
 class Arrival:
@@ -55,10 +68,11 @@ class Arrival:
     (``taker``) and is filled when it is whole; ``dropped``: nobody will take it (its
     channel was aborted, or it did not fit the receive that took it)."""
 
-    __slots__ = ("done", "dropped", "fingerprint", "length", "pieces", "received", "tag", "taker")
+    __slots__ = ("done", "dropped", "fingerprint", "length", "order", "pieces", "received", "tag", "taker")
 
-    def __init__(self, tag: int, fingerprint: int, length: int) -> None:
+    def __init__(self, tag: int, fingerprint: int, length: int, order: int = 0) -> None:
         self.tag = tag
+        self.order = order  # when it came (a receive from any of several senders takes the first)
         self.fingerprint = fingerprint
         self.length = length
         self.pieces: list[bytearray] = []
@@ -75,16 +89,21 @@ class Arrival:
 class Recv:
     """A posted receive; ``wait`` blocks on the transport's condition variable."""
 
-    def __init__(self, transport: TcpTransport, pending: Pending, src: int) -> None:
+    def __init__(self, transport: TcpTransport, pending: Pending) -> None:
         self._t = transport
         self._p = pending
-        self._src = src
 
     def is_completed(self) -> bool:
         return self._p.done
 
     def wait(self, timeout: float | None = None) -> None:
-        self._t._wait_recv(self._p, self._src, self._t.timeout if timeout is None else timeout)
+        self._t._wait_recv(self._p, self._t.timeout if timeout is None else timeout)
+
+    @property
+    def source(self) -> int | None:
+        """The rank the message came from (of a receive from any of several: once it has
+        begun to arrive); None before."""
+        return None if self._p.src < 0 else self._p.src
 
 
 class Frame:

@@ -17,7 +17,16 @@ from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, P
 
 from ._aborts import Aborts, Notice, channel_of, decode_notice, encode_notice
 from ._faults import Faults
-from ._matching import as_bytes, check_match, check_peer, check_tag, receive_timeout
+from ._matching import (
+    as_bytes,
+    check_match,
+    check_peer,
+    check_sources,
+    check_tag,
+    lost_sender,
+    receive_timeout,
+    receiving,
+)
 from ._memstore import MemoryStore
 from ._protocol import DEFAULT_TIMEOUT, Buffer
 
@@ -27,12 +36,43 @@ Key = tuple[int, int]  # (source rank, tag)
 
 
 class _Mailbox:
-    """Everything addressed to one rank: unmatched messages and posted receives."""
+    """Everything addressed to one rank: unmatched messages and posted receives (from one
+    sender, or from any of several: ``anywhere``), numbered as they come (``order``) so that a
+    message goes to the receive posted first and a receive takes the message that came first."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
-        self.unexpected: dict[Key, collections.deque[tuple[Buffer, int]]] = collections.defaultdict(collections.deque)
+        self.unexpected: dict[Key, collections.deque[tuple[Buffer, int, int]]] = collections.defaultdict(
+            collections.deque
+        )
         self.posted: dict[Key, collections.deque[_Recv]] = collections.defaultdict(collections.deque)
+        self.anywhere: dict[int, list[_Recv]] = {}  # tag -> receives from any of several senders
+        self.order = 0
+
+    def next(self) -> int:
+        self.order += 1
+        return self.order
+
+    def taker(self, src: int, tag: int) -> _Recv | None:
+        """The receive that takes ``src``'s next message with ``tag`` (now unqueued), if any."""
+        queue = self.posted.get((src, tag))
+        first = queue[0] if queue else None
+        rivals = self.anywhere.get(tag)
+        rival = next((r for r in rivals if src in r.sources), None) if rivals else None  # type: ignore[operator]
+        if rival is not None and (first is None or rival.order < first.order):
+            rivals.remove(rival)  # type: ignore[union-attr]
+            if not rivals:
+                del self.anywhere[tag]
+            rival.src = src
+            return rival
+        if first is not None:
+            queue.popleft()  # type: ignore[union-attr]
+        return first
+
+    def earliest(self, sources: tuple[int, ...], tag: int) -> Key | None:
+        """Of the messages kept from ``sources`` with ``tag``, the key of the one that came first."""
+        kept = [(self.unexpected[(src, tag)][0][2], src) for src in sources if self.unexpected.get((src, tag))]
+        return (min(kept)[1], tag) if kept else None
 
 
 class _Hub:
@@ -44,6 +84,7 @@ class _Hub:
         self.sent = [0] * world_size  # messages each rank has tried to send
         self.mailboxes = [_Mailbox() for _ in range(world_size)]
         self.closed = [False] * world_size
+        self.died: set[int] = set()  # ranks closed by an injected death (Faults.die_at)
         self.aborts = [Aborts() for _ in range(world_size)]
         self.barrier_cond = threading.Condition(threading.Lock())
         self.barrier_generation = 0
@@ -56,6 +97,12 @@ class _Hub:
         with box.cond:
             for key in [key for key in box.unexpected if channel_of(key[1]) == channel]:
                 del box.unexpected[key]
+
+    def departure(self, peer: int, rank: int) -> PeerLost:
+        """The error ``rank`` gets for waiting on ``peer``, which closed (or died)."""
+        if peer in self.died:
+            return PeerLost(f"rank {peer} failed (Faults.die_at); see that rank's error", peer=peer, rank=rank)
+        return PeerLost(f"rank {peer} closed its transport", peer=peer, rank=rank, finished=True)
 
     def wake_all(self) -> None:
         for box in self.mailboxes:
@@ -78,14 +125,29 @@ class _Done:
 class _Recv:
     """A posted receive: filled by the sender's thread, or at once from an unmatched message."""
 
-    def __init__(self, transport: SimulatedTransport, buf: Buffer, src: int, tag: int, fingerprint: int) -> None:
+    def __init__(
+        self,
+        transport: SimulatedTransport,
+        buf: Buffer,
+        src: int,
+        tag: int,
+        fingerprint: int,
+        sources: tuple[int, ...] | None = None,
+    ) -> None:
         self.transport = transport
         self.buf = buf
-        self.src = src
+        self.src = src  # -1 for a receive from any of ``sources`` until a message is matched with it
+        self.sources = sources
         self.tag = tag
         self.fingerprint = fingerprint
+        self.order = 0
         self.done = False
         self.error: BaseException | None = None
+
+    @property
+    def source(self) -> int | None:
+        """The rank the message came from; None before one was matched with this receive."""
+        return None if self.src < 0 else self.src
 
     def fill(self, payload: Buffer, fingerprint: int) -> None:
         """Copy a message in (or record why not); the caller holds the mailbox lock."""
@@ -105,22 +167,20 @@ class _Recv:
         deadline = time.monotonic() + limit
         box = t._hub.mailboxes[t.rank]
         aborts, channel = t._hub.aborts[t.rank], channel_of(self.tag)
+        senders = (self.src,) if self.sources is None else self.sources
         with box.cond:
             while not self.done:
                 aborted = aborts.error(channel)
                 if aborted is not None:
                     self._withdraw(box)
-                    failed = aborted.with_context(f"rank {t.rank}: receive from rank {self.src}")
-                    failed.awaited = self.src
+                    failed = aborted.with_context(f"rank {t.rank}: {receiving(self)}")
+                    failed.awaited = self.src if self.sources is None else None
                     raise failed
-                if t._hub.closed[self.src]:
+                gone = {peer: t._hub.departure(peer, t.rank) for peer in senders if t._hub.closed[peer]}
+                failure = lost_sender(gone, senders) if gone else None
+                if failure is not None:
                     self._withdraw(box)
-                    raise PeerLost(
-                        f"rank {t.rank} was waiting for a message from rank {self.src} (tag {self.tag:#x}) "
-                        f"but rank {self.src} closed or failed; see that rank's error",
-                        peer=self.src,
-                        rank=t.rank,
-                    )
+                    raise failure.with_context(f"rank {t.rank} was waiting for {receiving(self, 'a message')}")
                 if t._hub.closed[t.rank]:
                     self._withdraw(box)
                     raise PeerLost(
@@ -129,13 +189,18 @@ class _Recv:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self._withdraw(box)
-                    raise receive_timeout(t.rank, self.src, self.tag, limit)
+                    raise receive_timeout(t.rank, senders, self.tag, limit)
                 box.cond.wait(remaining)
         if self.error is not None:
             raise self.error
 
     def _withdraw(self, box: _Mailbox) -> None:
         """Stop waiting: a late message must not land in a buffer the caller has given up on."""
+        if self.sources is not None:
+            rivals = box.anywhere.get(self.tag, [])
+            if self in rivals:
+                rivals.remove(self)
+            return
         queue = box.posted.get((self.src, self.tag))
         if queue is not None and self in queue:
             queue.remove(self)
@@ -222,12 +287,12 @@ class SimulatedTransport:
         box = self._hub.mailboxes[dst]
         key = (self._rank, tag)
         with box.cond:
-            waiting = box.posted.get(key)
-            if waiting:
-                waiting.popleft().fill(payload, fingerprint)
+            waiting = box.taker(self._rank, tag)
+            if waiting is not None:
+                waiting.fill(payload, fingerprint)
                 box.cond.notify_all()
             else:
-                box.unexpected[key].append((payload.copy(), fingerprint))
+                box.unexpected[key].append((payload.copy(), fingerprint, box.next()))
         return _Done()
 
     def _inject_faults(self, dst: int) -> bool:
@@ -238,6 +303,7 @@ class SimulatedTransport:
         if me in hub.faults.delay:
             time.sleep(hub.faults.delay[me])
         if hub.faults.die_at.get(me) == count:
+            hub.died.add(me)
             self.close()
             raise PeerLost(
                 f"rank {me}: injected fault: this rank died at its message {count} (Faults.die_at)", peer=me, rank=me
@@ -251,17 +317,34 @@ class SimulatedTransport:
         src = self._peer(src, "recv")
         tag = check_tag(tag, "recv")
         target = as_bytes(buf, "recv", writeable=True, rank=self._rank)
-        request = _Recv(self, target, src, tag, fingerprint)
+        return self._post(_Recv(self, target, src, tag, fingerprint))
+
+    def irecv_any(self, buf: Buffer, sources: Sequence[int], tag: int = 0, *, fingerprint: int = 0) -> _Recv:
+        """Receive the first message with ``tag`` that any of ``sources`` sends (its
+        ``source`` says whose)."""
+        peers = tuple(self._peer(peer, "recv") for peer in check_sources(self._rank, self.world_size, sources))
+        tag = check_tag(tag, "recv")
+        target = as_bytes(buf, "recv", writeable=True, rank=self._rank)
+        return self._post(_Recv(self, target, -1, tag, fingerprint, peers))
+
+    def _post(self, request: _Recv) -> _Recv:
+        """Match ``request`` with the message kept for it that came first, else queue it."""
         box = self._hub.mailboxes[self._rank]
-        key = (src, tag)
         with box.cond:
-            pending = box.unexpected.get(key)
-            if pending:
-                request.fill(*pending.popleft())
-                if not pending:
-                    del box.unexpected[key]
+            key = (request.src, request.tag) if request.sources is None else box.earliest(request.sources, request.tag)
+            kept = box.unexpected.get(key) if key is not None else None
+            if kept:
+                request.src = key[0]  # type: ignore[index]
+                payload, fingerprint, _ = kept.popleft()
+                request.fill(payload, fingerprint)
+                if not kept:
+                    del box.unexpected[key]  # type: ignore[arg-type]
+            elif request.sources is None:
+                request.order = box.next()
+                box.posted[(request.src, request.tag)].append(request)
             else:
-                box.posted[key].append(request)
+                request.order = box.next()
+                box.anywhere.setdefault(request.tag, []).append(request)
         return request
 
     def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:

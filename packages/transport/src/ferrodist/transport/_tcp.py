@@ -35,7 +35,7 @@ from ._auth import job_secret, where_to_listen
 from ._frames import ABORT, DATA, GOODBYE
 from ._link import NOTICE_LIMIT, Link
 from ._mailbox import Mailbox
-from ._matching import Buffer, as_bytes, check_match, check_peer, check_tag, receive_timeout
+from ._matching import Buffer, as_bytes, check_match, check_peer, check_sources, check_tag, lost_sender, receiving
 from ._mesh import mesh
 from ._net import local_address
 from ._protocol import DEFAULT_TIMEOUT
@@ -295,26 +295,39 @@ class TcpTransport:
     def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> Recv:
         src = check_peer(self._rank, self._world_size, src, "recv")
         tag = check_tag(tag, "recv")
-        pending = Pending(as_bytes(buf, "recv", writeable=True, rank=self._rank), tag, fingerprint)
-        self._post(pending, src)
-        return Recv(self, pending, src)
+        pending = Pending(as_bytes(buf, "recv", writeable=True, rank=self._rank), tag, fingerprint, src)
+        self._post(pending)
+        return Recv(self, pending)
 
-    def _post(self, pending: Pending, src: int) -> None:
+    def irecv_any(self, buf: Buffer, sources: Sequence[int], tag: int = 0, *, fingerprint: int = 0) -> Recv:
+        """Receive the first message with ``tag`` that any of ``sources`` sends (its
+        ``source`` says whose)."""
+        peers = check_sources(self._rank, self._world_size, sources)
+        tag = check_tag(tag, "recv")
+        pending = Pending(as_bytes(buf, "recv", writeable=True, rank=self._rank), tag, fingerprint, sources=peers)
+        self._post(pending)
+        return Recv(self, pending)
+
+    def _post(self, pending: Pending) -> None:
         with self._cond:
             aborted = self._aborts.error(channel_of(pending.tag))
             if aborted is not None:
-                pending.error, pending.done = fresh(aborted, f"rank {self._rank}: receive from rank {src}", src), True
+                awaited = pending.src if pending.sources is None else None
+                pending.error, pending.done = fresh(aborted, f"rank {self._rank}: {receiving(pending)}", awaited), True
+            elif pending.sources is not None:
+                self._mailbox.post_any(pending)
             else:
-                self._mailbox.post(pending, src)
+                self._mailbox.post(pending, pending.src)
 
     def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.irecv(buf, src, tag, fingerprint=fingerprint).wait(timeout)
 
-    def _wait_recv(self, pending: Pending, src: int, limit: float, *, claimed: bool = False) -> None:
-        """Wait for ``pending`` (from ``src``) for up to ``limit`` seconds, reading the link
-        itself (``claimed``: the caller has claimed it already)."""
+    def _wait_recv(self, pending: Pending, limit: float, *, claimed: bool = False) -> None:
+        """Wait for ``pending`` for up to ``limit`` seconds, reading its sender's link itself
+        (``claimed``: the caller has claimed it already; a receive from any of several
+        senders leaves the reading to the links' threads)."""
         deadline = time.monotonic() + limit
-        link = self._links.get(src)
+        link = self._links.get(pending.src) if pending.sources is None else None
         if not pending.done and link is not None and not link.ended:
             if claimed:
                 link.read_for(pending, deadline)
@@ -329,28 +342,12 @@ class TcpTransport:
                 raise pending.error
             return
         channel = channel_of(pending.tag)
-        with self._cond:
-            while not pending.done:
-                # an abort came before the departure that followed it: report the abort
-                lost = self._aborts.error(channel) or self._lost.get(self._rank) or self._lost.get(src)
-                if lost is not None and not pending.claimed:
-                    self._mailbox.withdraw(pending, src)
-                    raise fresh(lost, f"rank {self._rank} was waiting for a message from rank {src}", src)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    if not pending.claimed:
-                        self._mailbox.withdraw(pending, src)
-                        raise receive_timeout(self._rank, src, pending.tag, limit)
-                    raise CollectiveTimeout(
-                        f"rank {self._rank} waited {limit:g} s for a message from rank {src} (tag {pending.tag:#x}): "
-                        f"it began to arrive, then stopped in the middle; rank {src} is stuck or overloaded (the "
-                        "rest still lands in the buffer if it comes)",
-                        rank=self._rank,
-                        waiting_for=(src,),
-                    )
-                self._cond.wait(left)
-        if pending.error is not None:
-            raise pending.error
+
+        def ended() -> FerrodistError | None:  # an abort comes before the departure that follows it
+            lost = self._aborts.error(channel) or self._lost.get(self._rank)
+            return lost or lost_sender(self._lost, pending.senders)
+
+        self._mailbox.wait(pending, deadline, limit, ended)
 
     def _lose(self, peer: int, error: FerrodistError, frame: Frame | None = None) -> None:
         """Record that ``peer`` is gone (or its stream is corrupt) and wake every waiter;
@@ -431,7 +428,7 @@ class TcpTransport:
         src = check_peer(rank, self._world_size, src, "recv")
         dst = check_peer(rank, self._world_size, dst, "send")
         tag = check_tag(tag, "sendrecv")
-        pending = Pending(as_bytes(recv_buf, "recv", writeable=True, rank=rank), tag, fingerprint)
+        pending = Pending(as_bytes(recv_buf, "recv", writeable=True, rank=rank), tag, fingerprint, src)
         payload = as_bytes(send_buf, "send")
         link = self._links[src]
         # A small exchange sends first and reads its message straight into its buffer after
@@ -442,13 +439,13 @@ class TcpTransport:
         link.claim()
         try:
             if not direct:
-                self._post(pending, src)
+                self._post(pending)
             if not (direct and src == dst and self._send(payload, dst, tag, fingerprint, limit, pending)):
                 self._send(payload, dst, tag, fingerprint, max(0.0, deadline - time.monotonic()))
                 if direct:
                     link.take(pending, deadline)
             if not pending.done or pending.error is not None:
-                self._wait_recv(pending, src, max(0.0, deadline - time.monotonic()), claimed=True)
+                self._wait_recv(pending, max(0.0, deadline - time.monotonic()), claimed=True)
         finally:
             link.unclaim()
 
@@ -504,10 +501,10 @@ class TcpTransport:
         first = self._aborts.error(channel)
         assert first is not None
         with self._cond:
-            for src, pending in self._mailbox.clear(lambda tag: channel_of(tag) == channel):
-                pending.error = fresh(first, f"rank {self._rank}: receive from rank {src}", src)
-                pending.done = True
-                self._stopped.setdefault(channel, set()).add(src)
+            for pending in self._mailbox.clear(lambda tag: channel_of(tag) == channel):
+                awaited = pending.src if pending.sources is None else None
+                pending.error, pending.done = fresh(first, f"rank {self._rank}: {receiving(pending)}", awaited), True
+                self._stopped.setdefault(channel, set()).update(pending.senders)
             self._cond.notify_all()
 
     # -- whole world ---------------------------------------------------------------------------
