@@ -42,7 +42,7 @@ OUT = sys.argv[2]
 NAMES = sys.argv[3:]
 
 os.environ["BACKEND"] = "gloo" if BACKEND == "ferrodist" else BACKEND
-os.environ["WORLD_SIZE"] = "2"
+os.environ.setdefault("WORLD_SIZE", "2")  # the ranks of every test
 os.environ.setdefault("INIT_METHOD", "env://")
 os.environ.setdefault("DISTRIBUTED_TESTS_DEFAULT_TIMEOUT", "120")  # torch's per-test deadline (300 s)
 PLACE = os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="torch-suite-")  # each test makes its own too
@@ -55,7 +55,9 @@ from torch.testing._internal.distributed import distributed_test  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
 
 if BACKEND == "ferrodist":
-    import ferrodist.torch  # noqa: F401  (torch registers it too, unless TORCH_DEVICE_BACKEND_AUTOLOAD=0)
+    import ferrodist.torch  # (torch registers it too, unless TORCH_DEVICE_BACKEND_AUTOLOAD=0)
+
+    ferrodist.torch.preload()  # the ranks are forked from here: as torch and Gloo, ferrodist is loaded once
 
     distributed_test.BACKEND = os.environ["BACKEND"] = "ferrodist"
     for backends in DistTestCases.backend_feature.values():

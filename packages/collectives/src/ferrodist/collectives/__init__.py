@@ -34,7 +34,7 @@ from ._api import (
 from ._backends import auto_backend, connect_transport, one_host
 from ._batch import P2POp, batch_isend_irecv
 from ._group import ProcessGroup
-from ._kernels import collective_kernels
+from ._kernels import DEFAULT_DTYPES, collective_kernels, preload
 from ._select import ALL_REDUCE_ALGORITHMS, SMALL_MESSAGE_BYTES
 from ._state import (
     default_group,
@@ -84,6 +84,7 @@ __all__ = [
     "broadcast",
     "broadcast_object_list",
     "collective_kernels",
+    "preload",
     "connect_transport",
     "default_group",
     "destroy_process_group",

@@ -171,6 +171,9 @@ class _Compiler:
             if ticket is not None:
                 return ticket
             ticket = self._tickets[items] = Ticket()
+            if all(types in front.overloads for front, types in items):  # another request brought them
+                ticket._finish()
+                return ticket
             if not always and os.environ.get("FERRODIST_KERNELS", "") == "interpreted":
                 return ticket  # never ready: the interpreted paths only
             ticket.urgent = always
@@ -331,7 +334,8 @@ def prepare(items: Iterable[tuple[Front, Sequence[Any]]], *, always: bool = Fals
     order; their fronts get the code together once all are compiled, the first item's
     first and the last item's last (list an entry point after the functions it calls from
     Python when it returns early, so that a front that runs the entry finds the others
-    ready). The same request again returns the same ticket.
+    ready). The same request again returns the same ticket; one whose every function has
+    its code already (another request brought it) is ready at once.
 
     ``always``: code with no interpreted path, which a caller waits for: compiled even under
     ``FERRODIST_KERNELS=interpreted``, and ahead of every queued request that has one."""

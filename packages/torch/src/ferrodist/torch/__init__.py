@@ -28,7 +28,7 @@ from ._plugin import BACKEND_NAME, register
 
 if TYPE_CHECKING:
     from ._group import FerrodistProcessGroup
-    from ._register import TRANSPORTS, choose_transport
+    from ._register import TRANSPORTS, choose_transport, preload
     from ._work import FerrodistWork
 
 register()
@@ -39,6 +39,7 @@ _LAZY = {
     "FerrodistWork": "._work",
     "TRANSPORTS": "._register",
     "choose_transport": "._register",
+    "preload": "._register",
 }
 
 
@@ -51,4 +52,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["BACKEND_NAME", "FerrodistProcessGroup", "FerrodistWork", "TRANSPORTS", "choose_transport", "register"]
+__all__ = [
+    "BACKEND_NAME",
+    "FerrodistProcessGroup",
+    "FerrodistWork",
+    "TRANSPORTS",
+    "choose_transport",
+    "preload",
+    "register",
+]

@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from ferrodist.collectives import (
+    DEFAULT_DTYPES,
     ProcessGroup,
     Transport,
     auto_backend,
@@ -38,7 +39,8 @@ from ferrodist.collectives import (
     enable_two_levels,
     one_host,
 )
-from ferrodist.core import InvalidArgument
+from ferrodist.collectives import preload as load_kernels
+from ferrodist.core import DType, InvalidArgument
 
 from ._group import FerrodistProcessGroup
 
@@ -148,3 +150,14 @@ def _seconds(timeout: object) -> float:
     if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
         return timeout.total_seconds()
     return 1800.0  # torch's own default for a process group
+
+
+def preload(dtypes: tuple[DType | str, ...] = DEFAULT_DTYPES, *, ranks: int = 4, timeout: float = 300.0) -> int:
+    """Import the backend (ferrodist's collectives and transports with it) and load the
+    compiled kernels of collectives over ``dtypes`` (``ferrodist.collectives.preload``) into
+    this process; returns how many kernels. Ranks forked from this process afterwards make
+    their groups without importing or loading anything: for harnesses that fork each test's
+    ranks from one parent, as torch's ``MultiProcessTestCase`` does (torch and Gloo are
+    imported in that parent; this puts ferrodist on the same footing). A rank started fresh
+    (torchrun, ``ferrodist run``, spawn) gains nothing from it."""
+    return load_kernels(dtypes, ranks=ranks, timeout=timeout)
