@@ -139,6 +139,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "transport_kernels",
     },
     "ferrodist.collectives": {
+        "DEFAULT_DTYPES",
         "ALL_REDUCE_ALGORITHMS",
         "Faults",
         "SimulatedTransport",
@@ -165,6 +166,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "broadcast",
         "broadcast_object_list",
         "collective_kernels",
+        "preload",
         "default_group",
         "destroy_process_group",
         "enable_two_levels",
@@ -297,6 +299,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "FerrodistWork",
         "TRANSPORTS",
         "choose_transport",
+        "preload",
         "register",
     },
     "ferrodist.nccl": {

@@ -326,7 +326,7 @@ def test_a_large_message_from_any_sender_arrives_intact(make_world):
 
 
 def test_a_receive_from_any_times_out_naming_every_sender_and_swallows_nothing_late(make_world):
-    t0, t1, t2 = make_world(3)
+    t0, _, t2 = make_world(3)
     with pytest.raises(CollectiveTimeout, match=r"any of ranks \[1, 2\]") as info:
         t0.irecv_any(np.zeros(1), [1, 2], tag=4).wait(0.2)
     assert info.value.waiting_for == (1, 2)
@@ -371,7 +371,7 @@ def test_a_sender_that_fails_ends_a_receive_from_any_at_once(make_world, request
         world = SimulatedTransport.create_group(3, faults=Faults(die_at={2: 1}))
     else:
         world = make_world(3)
-    t0, t1, t2 = world
+    t0, _, t2 = world
     receive = t0.irecv_any(np.zeros(1), [1, 2], tag=3)
     time.sleep(0.05)
     start = time.monotonic()

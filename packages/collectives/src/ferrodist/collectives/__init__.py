@@ -63,6 +63,7 @@ from ._work import Work
 
 __all__ = [
     "ALL_REDUCE_ALGORITHMS",
+    "DEFAULT_DTYPES",
     "Faults",
     "P2POp",
     "ProcessGroup",
@@ -84,7 +85,6 @@ __all__ = [
     "broadcast",
     "broadcast_object_list",
     "collective_kernels",
-    "preload",
     "connect_transport",
     "default_group",
     "destroy_process_group",
@@ -109,6 +109,7 @@ __all__ = [
     "new_group",
     "new_subgroups",
     "one_host",
+    "preload",
     "recv",
     "recv_object_list",
     "reduce",
