@@ -1,5 +1,6 @@
 """torch's own backend-generic distributed suite (``DistributedTest._DistTestBase`` of
-``torch/testing/_internal/distributed/distributed_test.py``) on a backend, at 2 ranks.
+``torch/testing/_internal/distributed/distributed_test.py``) on a backend, at ``WORLD_SIZE``
+ranks (2 when not set).
 
     python tests/torch/scripts/torch_suite.py ferrodist OUT.json [NAME ...]
     python tests/torch/scripts/torch_suite.py gloo OUT.json            # torch's own, for reference
@@ -8,8 +9,11 @@ It does what torch's ``test/distributed/test_distributed_spawn.py`` does (``BACK
 ``WORLD_SIZE``, ``TEMP_DIR`` and ``INIT_METHOD`` in the environment, a class made of
 ``TestDistBackend`` and ``_DistTestBase``), with two differences:
 
-- the ranks are forked from this process rather than spawned (each test starts two
-  processes; a fresh interpreter importing torch would cost about a second each);
+- the ranks are forked from this process rather than spawned (each test starts its
+  processes; a fresh interpreter importing torch would cost about a second each). On
+  ``ferrodist`` this process first loads the backend and its kernels
+  (``ferrodist.torch.preload``), as it has loaded torch and Gloo, so that a forked rank
+  imports and loads nothing;
 - on ``ferrodist``, torch's decorators choose the tests as for Gloo: ``BACKEND`` is
   ``gloo`` while the suite is imported (torch's ``skip_if`` decorators compare it with
   ``"gloo"`` and skip most tests for any other name), and ``ferrodist`` from then on, so
