@@ -11,7 +11,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # A second NCCL release for tests/nccl/test_versions.py: the oldest the nccl extras allow.
 NCCL_OLDEST := 2.18.3
 
-.PHONY: demo test chaos bench lint clean
+.PHONY: demo test chaos torch-suite bench lint clean
 
 $(STAMP): Makefile pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ test: $(STAMP)
 chaos: $(STAMP)
 	FERRODIST_CHAOS_SCHEDULES=$${FERRODIST_CHAOS_SCHEDULES:-500} PATH="$(CURDIR)/$(BIN):$$PATH" \
 		$(BIN)/python -m pytest -q -s tests/integration/test_chaos.py
+
+# torch's own distributed suite on every transport at 2 and 4 ranks, and on Gloo for the lists
+# of what it passes (make test runs shm at 4 ranks and tcp at 2).
+torch-suite: $(STAMP)
+	FERRODIST_TORCH_SUITE=all FERRODIST_TORCH_SUITE_GLOO=1 PATH="$(CURDIR)/$(BIN):$$PATH" \
+		$(BIN)/python -m pytest -q tests/torch/test_torch_suite.py
 
 bench: $(STAMP)
 	mkdir -p .benchmarks

@@ -78,6 +78,7 @@ SOURCES: dict[str, Source] = {
         needs="torch",
     ),
     "ddp": Source(("python", "bench/ddp/run.py", "--rounds", "3", "--json", "{json}"), needs="torch"),
+    "torch_suite": Source(("python", "bench/torch/suite.py", "--ranks", "4", "--json", "{json}"), needs="torch"),
     "kernels": Source(("python", "bench/core/kernels.py", "--inplace", "--json", "{json}")),
     "two_nodes": Source(
         (
@@ -270,6 +271,21 @@ def _first_job() -> str:
                 f"| {label} | {number} | {ours:.2f} ms | {gloo:.2f} ms | {ratio(gloo / ours)} | {tenth:.2f} ms |"
             )
     return "\n".join(lines) + "\n\n" + provenance("first_job") + "\n"
+
+
+@renderer("torch_suite")
+def _torch_suite() -> str:
+    run = load("torch_suite")["runs"][0]
+    gloo = run["runs"][0]
+    lines = ["| backend | wall time | / Gloo's | passed | not passed |", "|---|---|---|---|---|"]
+    for result in run["runs"]:
+        name = "Gloo" if result["backend"] == "gloo" else f"ferrodist, `{result['transport']}`"
+        missed = ", ".join(f"`{n}`" for n in result["not_passed"]) or "-"
+        lines.append(
+            f"| {name} | {result['seconds']:.1f} s | {ratio(result['seconds'] / gloo['seconds'])} | "
+            f"{len(result['passed'])} of {result['tests']} | {missed} |"
+        )
+    return "\n".join(lines) + f"\n\nAt {run['ranks']} ranks. " + provenance("torch_suite") + "\n"
 
 
 @renderer("launchers")

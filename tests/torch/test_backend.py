@@ -79,15 +79,10 @@ def test_importing_registers_the_backend_for_cpu_and_cuda_once():
     assert dist.Backend.backend_list == before
 
 
-def test_public_names():
-    assert sorted(ferrodist.torch.__all__) == [
-        "BACKEND_NAME",
-        "FerrodistProcessGroup",
-        "FerrodistWork",
-        "TRANSPORTS",
-        "choose_transport",
-        "register",
-    ]
+def test_public_names_resolve_on_first_use():
+    """The agreed set is in tests/test_public_api.py; here each lazily imported name resolves."""
+    for name in ferrodist.torch.__all__:
+        assert getattr(ferrodist.torch, name) is not None, name
     assert ferrodist.torch.BACKEND_NAME == "ferrodist"
 
 

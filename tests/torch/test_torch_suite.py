@@ -10,8 +10,9 @@ torch:
   (``AT_FOUR``: gathering objects, ``new_subgroups`` of a given group), recorded by running
   the same script with ``gloo``; the other tests of the class skip (CUDA, NCCL or MPI only, a
   ``file://`` init method, ...).
-- **ferrodist** must pass every one of them, over ``shm`` and over ``tcp``, at both sizes,
-  except the three of ``NOT_FOR_FERRODIST``, which call torch's ``dist.monitored_barrier``:
+- **ferrodist** must pass every one of them, over ``shm`` and over ``tcp``, at both sizes
+  (``make test`` runs shm at 4 ranks and tcp at 2, ``make torch-suite`` all four and Gloo's
+  own runs: see ``RUNS``), except the three of ``NOT_FOR_FERRODIST``, which call torch's ``dist.monitored_barrier``:
   torch implements it for Gloo only and refuses every other backend by name
   (``ferrodist.collectives.monitored_barrier`` is ferrodist's).
 
@@ -203,9 +204,17 @@ def test_the_lists_are_consistent():
     assert set(NOT_FOR_FERRODIST) < set(GLOO_PASSES)
 
 
+#: (transport, ranks) of the runs ``make test`` makes: each transport once and each size once,
+#: shared memory at 4 ranks (its own protocol, with ranks that share the cores), tcp at 2.
+#: ``FERRODIST_TORCH_SUITE=all`` (``make torch-suite``) runs all four.
+RUNS = [("shm", 4), ("tcp", 2)]
+EVERY_RUN = [("shm", 2), ("shm", 4), ("tcp", 2), ("tcp", 4)]
+
+
 @pytest.mark.timeout(RUN_LIMIT + 60)
-@pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize(
+    ("transport", "ranks"), EVERY_RUN if os.environ.get("FERRODIST_TORCH_SUITE") == "all" else RUNS
+)
 def test_ferrodist_passes_what_gloo_passes(tmp_path, transport, ranks):
     names = [name for name in gloo_passes(ranks) if name not in NOT_FOR_FERRODIST]
     outcomes = run_suite(tmp_path, "ferrodist", names, FERRODIST_TORCH_TRANSPORT=transport, WORLD_SIZE=str(ranks))
