@@ -44,8 +44,8 @@ chaos: $(STAMP)
 	FERRODIST_CHAOS_SCHEDULES=$${FERRODIST_CHAOS_SCHEDULES:-500} PATH="$(CURDIR)/$(BIN):$$PATH" \
 		$(BIN)/python -m pytest -q -s tests/integration/test_chaos.py
 
-# torch's own distributed suite on every transport at 2 and 4 ranks, and on Gloo for the lists
-# of what it passes (make test runs shm at 4 ranks and tcp at 2).
+# torch's own distributed suite on every transport at 2, 3 and 4 ranks, and on Gloo for the
+# lists of what it passes (make test runs shm at 4 ranks and tcp at 2).
 torch-suite: $(STAMP)
 	FERRODIST_TORCH_SUITE=all FERRODIST_TORCH_SUITE_GLOO=1 PATH="$(CURDIR)/$(BIN):$$PATH" \
 		$(BIN)/python -m pytest -q tests/torch/test_torch_suite.py

@@ -6,13 +6,13 @@ torch's test/distributed/test_distributed_spawn.py; scripts/torch_suite.py runs 
 docstring says how, and what differs; ``WORLD_SIZE`` sets the ranks). On this CPU build of
 torch:
 
-- **Gloo** passes the 90 tests of ``GLOO_PASSES`` at 2 ranks, and 3 more at 4 ranks
+- **Gloo** passes the 90 tests of ``GLOO_PASSES`` at 2 and 3 ranks, and 3 more at 4 ranks
   (``AT_FOUR``: gathering objects, ``new_subgroups`` of a given group), recorded by running
   the same script with ``gloo``; the other tests of the class skip (CUDA, NCCL or MPI only, a
   ``file://`` init method, ...).
 - **ferrodist** must pass every one of them, over ``shm`` and over ``tcp``, at both sizes
-  (``make test`` runs shm at 4 ranks and tcp at 2, ``make torch-suite`` all four and Gloo's
-  own runs: see ``RUNS``), except the three of ``NOT_FOR_FERRODIST``, which call torch's ``dist.monitored_barrier``:
+  (``make test`` runs shm at 4 ranks and tcp at 2, ``make torch-suite`` both at 2, 3 and 4
+  ranks and Gloo's own runs: see ``RUNS``), except the three of ``NOT_FOR_FERRODIST``, which call torch's ``dist.monitored_barrier``:
   torch implements it for Gloo only and refuses every other backend by name
   (``ferrodist.collectives.monitored_barrier`` is ferrodist's).
 
@@ -150,6 +150,7 @@ AT_FOUR = ("test_gather_object", "test_gather_object_subgroup", "test_new_subgro
 
 
 def gloo_passes(ranks: int) -> tuple[str, ...]:
+    """What Gloo passes at ``ranks`` ranks (at 3, the same as at 2)."""
     return GLOO_PASSES + (AT_FOUR if ranks == 4 else ())
 
 
@@ -206,9 +207,9 @@ def test_the_lists_are_consistent():
 
 #: (transport, ranks) of the runs ``make test`` makes: each transport once and each size once,
 #: shared memory at 4 ranks (its own protocol, with ranks that share the cores), tcp at 2.
-#: ``FERRODIST_TORCH_SUITE=all`` (``make torch-suite``) runs all four.
+#: ``FERRODIST_TORCH_SUITE=all`` (``make torch-suite``) runs both at 2, 3 and 4 ranks.
 RUNS = [("shm", 4), ("tcp", 2)]
-EVERY_RUN = [("shm", 2), ("shm", 4), ("tcp", 2), ("tcp", 4)]
+EVERY_RUN = [(transport, ranks) for transport in ("shm", "tcp") for ranks in (2, 3, 4)]
 
 
 @pytest.mark.timeout(RUN_LIMIT + 60)
@@ -225,7 +226,7 @@ def test_ferrodist_passes_what_gloo_passes(tmp_path, transport, ranks):
 
 
 @pytest.mark.timeout(RUN_LIMIT + 60)
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_gloo_passes_what_was_recorded(tmp_path, ranks):
     """Gloo's own run of the whole class: what it passes is the list (opt-in: a minute or two more)."""
     if os.environ.get("FERRODIST_TORCH_SUITE_GLOO") != "1":
