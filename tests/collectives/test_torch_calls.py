@@ -582,6 +582,21 @@ def test_recv_without_src_takes_each_message_once_from_whichever_rank_sends_it()
     assert late == [(1, 100.0), (3, 300.0)]
 
 
+def test_recv_without_src_over_two_levels():
+    def rank_main():
+        me = dist.get_rank()
+        if me:
+            dist.send(np.array([float(me)]), dst=0)
+            return None
+        got = []
+        for _ in range(3):
+            x = np.zeros(1)
+            got.append((dist.recv(x), x[0]))
+        return sorted(got)
+
+    assert run_world(4, rank_main, nodes=[2, 2])[0] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+
+
 def test_recv_without_src_and_a_receive_naming_the_sender_take_messages_in_the_order_posted():
     def rank_main():
         me = dist.get_rank()

@@ -345,6 +345,23 @@ def test_point_to_point_on_device():
     np.testing.assert_array_equal(b, np.arange(6, dtype=np.int16))
 
 
+def test_a_device_tensor_receives_from_any_rank():
+    def rank_main():
+        r = dist.get_rank()
+        if r:
+            dist.send(dev(np.full(3, r, np.float32)), 0, tag=2)
+            return None
+        got = []
+        for _ in range(2):
+            x = dev(np.zeros(3, np.float32))
+            work = dist.irecv(x, tag=2)
+            work.wait(10)
+            got.append((work.source, host(x).tolist()))
+        return sorted(got)
+
+    assert run_world(3, rank_main)[0] == [(1, [1.0] * 3), (2, [2.0] * 3)]
+
+
 def test_errors_name_the_rank_and_what_to_do():
     def rank_main():
         on_gpu, on_cpu = dev(np.zeros(4, np.float32)), np.zeros(8, np.float32)
