@@ -187,6 +187,8 @@ def test_bad_roots_and_peers_are_invalid_ranks():
         group.irecv(buf(1), -1)
     with pytest.raises(InvalidArgument, match="tag"):
         group.isend(buf(1), 0, tag=-2)
+    with pytest.raises(InvalidArgument, match="NCCL receives from one named rank; pass src="):
+        group.recv(buf(1), None)
     assert log == []
 
 
@@ -206,6 +208,7 @@ def test_point_to_point_ignores_tags_and_waits_when_blocking():
     assert log == [("send", 0x10, 2), ("wait", "send")]
     work = group.irecv(buf(0x20), 1)
     assert work.operation == "irecv"
+    assert group.recv(buf(0x30), 2) == 2  # the sender, as every group's recv returns it
 
 
 def test_close_closes_the_communicator_and_errors_abort_it():

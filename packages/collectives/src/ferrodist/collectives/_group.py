@@ -555,9 +555,7 @@ class ProcessGroup:
         return self._messages.start("isend", self._checker("isend"), tensor, dst, tag)
 
     def irecv(self, tensor: Any, src: int | None, tag: int = 0) -> RequestWork:
-        """Start receiving into ``tensor`` from group rank ``src`` (None: the next message with
-        ``tag`` that any other rank sends; the work's ``source`` says whose); read it after
-        ``wait()``."""
+        """Start receiving into ``tensor`` from group rank ``src`` (None: from any rank; see ``recv``)."""
         return self._messages.start("irecv", self._checker("irecv"), tensor, src, tag)
 
     def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: Timeout = None) -> None:
@@ -565,14 +563,8 @@ class ProcessGroup:
         self._messages.start("send", self._checker("send"), tensor, dst, tag, timeout).wait()
 
     def recv(self, tensor: Any, src: int | None, tag: int = 0, *, timeout: Timeout = None) -> int:
-        """Receive into ``tensor`` from group rank ``src`` (the message must have its exact
-        size; None: from whichever other rank sends one with ``tag`` first); returns the
-        sender's group rank."""
-        work = self._messages.start("recv", self._checker("recv"), tensor, src, tag, timeout)
-        work.wait()
-        source = work.source
-        assert source is not None
-        return source
+        """Receive into ``tensor`` from group rank ``src``; returns it (see ``Messages.receive``)."""
+        return self._messages.receive(self._checker("recv"), tensor, src, tag, timeout)
 
     # -- failure and lifetime -------------------------------------------------------------------
     def abort(self, error: BaseException) -> None:

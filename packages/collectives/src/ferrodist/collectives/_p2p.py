@@ -45,6 +45,16 @@ class Messages:
         wait is bounded by ``timeout`` (or the group's)."""
         return self.prepare(operation, check, tensor, peer, tag, timeout).start()
 
+    def receive(self, check: Checker, tensor: Any, peer: int | None, tag: int, timeout: Timeout = None) -> int:
+        """``recv``: a message of ``tensor``'s exact size from group rank ``peer`` or, for None,
+        the next message with ``tag`` that any other rank of the group sends; returns the
+        sender's group rank once the message is in ``tensor``."""
+        work = self.start("recv", check, tensor, peer, tag, timeout)
+        work.wait()
+        sender = work.source
+        assert sender is not None  # a receive that finished knows its sender
+        return sender
+
     def prepare(
         self, operation: str, check: Checker, tensor: Any, peer: int | None, tag: int, timeout: Timeout = None
     ) -> Message:

@@ -261,7 +261,12 @@ class NcclGroup:
         return self._finish("barrier", async_op, timeout)
 
     # -- point to point ----------------------------------------------------------------------
-    def _peer(self, peer: int, tag: int, operation: str, what: str) -> int:
+    def _peer(self, peer: int | None, tag: int, operation: str, what: str) -> int:
+        if peer is None:
+            raise InvalidArgument(
+                f"rank {self.rank}: {operation}: NCCL receives from one named rank; pass {what}= (a receive from "
+                "any rank runs on a host group: ferrodist.collectives over shm or tcp)"
+            )
         rank = self._root(peer, operation, what)
         if rank == self.rank:
             raise InvalidRank(f"rank {self.rank}: {operation}: {what} is this rank itself; copy the data locally")
@@ -274,7 +279,7 @@ class NcclGroup:
         self._comm.send(tensor, self._peer(dst, tag, "isend", "dst"))
         return self._comm.work("isend")
 
-    def irecv(self, tensor: Any, src: int, tag: int = 0) -> Work:
+    def irecv(self, tensor: Any, src: int | None, tag: int = 0) -> Work:
         """Start receiving into ``tensor`` from ``src``; read it after ``wait()``."""
         self._comm.recv(tensor, self._peer(src, tag, "irecv", "src"))
         return self._comm.work("irecv")
@@ -283,9 +288,11 @@ class NcclGroup:
         self._comm.send(tensor, self._peer(dst, tag, "send", "dst"))
         self._finish("send", False, timeout)
 
-    def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        self._comm.recv(tensor, self._peer(src, tag, "recv", "src"))
+    def recv(self, tensor: Any, src: int | None, tag: int = 0, *, timeout: float | None = None) -> int:
+        peer = self._peer(src, tag, "recv", "src")
+        self._comm.recv(tensor, peer)
         self._finish("recv", False, timeout)
+        return peer
 
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:
