@@ -69,6 +69,12 @@ def torchrun(
     return done, outputs
 
 
+def errors_of(tmp_path: Path, rank: int) -> str:
+    """What ``rank`` wrote to its standard error in the last ``torchrun`` job under ``tmp_path``."""
+    found = sorted((tmp_path / "logs").glob(f"*/attempt_0/{rank}/stderr.log"))
+    return found[-1].read_text() if found else ""
+
+
 def explain(done: subprocess.CompletedProcess[str], outputs: list[str]) -> str:
     ranks = "\n".join(f"--- rank {r} ---\n{out}" for r, out in enumerate(outputs))
     return f"torchrun exited {done.returncode}\n{ranks}\n--- torchrun ---\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
@@ -86,6 +92,10 @@ def test_every_collective_matches_the_numpy_references(tmp_path, transport):
         # the default group started the only transport: every new_group (several in the
         # script, and DeviceMesh dimensions alike) is a subgroup over it
         assert f"rank {rank}: transports started: 1;" in out, explain(done, outputs)
+    # no FERRODIST_TOKEN: torch's store holds no secret, the job is open, and rank 0 alone says so, once
+    said = [errors_of(tmp_path, rank).count("FERRODIST_TOKEN is not set") for rank in range(2)]
+    assert said == [1, 0], [errors_of(tmp_path, rank)[-2000:] for rank in range(2)]
+    assert "reaches MASTER_PORT" in errors_of(tmp_path, 0)
 
 
 def test_ferrodist_run_starts_the_torch_backend_too(tmp_path):

@@ -6,6 +6,7 @@ threads: rank 0 hosts ferrodist's store on a port the OS picks and publishes it 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from ferrodist.core import AuthenticationFailed, CollectiveTimeout, FerrodistError, InvalidArgument
-from ferrodist.transport import KeyValue, ShmTransport, TcpTransport
+from ferrodist.transport import KeyValue, ShmTransport, TcpTransport, _auth
 from ferrodist.transport._rendezvous import STORE_KEY
 
 
@@ -78,17 +79,24 @@ def test_a_dict_store_is_a_key_value_store():
 
 
 @pytest.mark.parametrize("kind", [TcpTransport, ShmTransport])
-def test_a_job_starts_through_an_outside_store_without_any_port(kind, monkeypatch):
+def test_a_job_starts_through_an_outside_store_without_any_port(kind, monkeypatch, caplog):
+    """Without FERRODIST_TOKEN no secret goes into the store (torch's lets anyone who reaches
+    its port read it): the job is open, and rank 0 says so once, with how to close it."""
     monkeypatch.delenv("FERRODIST_TOKEN", raising=False)
+    monkeypatch.setattr(_auth, "_OPEN", {"said": False, "left": False})
     kv = DictStore()
-    transports = connect_all(kv, 3, kind=kind)
+    with caplog.at_level(logging.WARNING, logger="ferrodist.transport"):
+        transports = connect_all(kv, 3, kind=kind)
     try:
         assert all(isinstance(t, kind) for t in transports), transports
         exchange_ring(transports)
-        address, store_id, token = kv.data[STORE_KEY].decode().split(" ")
+        address, store_id, secret = kv.data[STORE_KEY].decode().split(" ")
         host, _, port = address.rpartition(":")
         assert host == "127.0.0.1" and int(port) > 0 and store_id == transports[1].store.store_id
-        assert len(token) == 32  # no FERRODIST_TOKEN: rank 0 made one for the job and published it
+        assert secret == "-"  # nothing a stranger could read and use
+        said = [r.getMessage() for r in caplog.records if r.name == "ferrodist.transport"]
+        assert len(said) == 1, said
+        assert "not authenticated" in said[0] and "MASTER_PORT" in said[0] and "FERRODIST_TOKEN=$(python" in said[0]
     finally:
         for t in transports:
             if not isinstance(t, FerrodistError):

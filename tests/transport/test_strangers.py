@@ -322,22 +322,30 @@ class DictStore:
             return self.data[key]
 
 
-def test_through_the_launcher_s_store_without_a_token_a_stranger_is_refused(no_launcher):
-    """Under torchrun ranks start through torch's store: rank 0 makes a secret for the job and
-    shares it there, so a process that reaches rank 0's store, but not torch's, is refused (it
-    cannot learn the ranks' own ports: they are in that store)."""
+@pytest.mark.parametrize("token", [None, b"the job's"])
+def test_through_the_launcher_s_store_only_a_token_keeps_strangers_out(no_launcher, token):
+    """Under torchrun ranks start through torch's store, which anyone who reaches its port can
+    read: no secret is kept there. With FERRODIST_TOKEN (``token``) a stranger that reaches rank
+    0's store is refused; without it the job is open, as rank 0 says at start
+    (test_external_store), and the stranger reads the store."""
     host = this_hosts_address()
     kv = DictStore()
-    boxes = [in_thread(TcpTransport.connect, rank=r, world_size=2, rendezvous=kv, master_addr=host) for r in (0, 1)]
+    boxes = [
+        in_thread(TcpTransport.connect, rank=r, world_size=2, rendezvous=kv, master_addr=host, token=token)
+        for r in (0, 1)
+    ]
     for thread, _ in boxes:
         thread.join(40)
     t0, t1 = (box[0] for _, box in boxes)
     try:
         assert isinstance(t0, TcpTransport) and isinstance(t1, TcpTransport), (t0, t1)
         assert t0._server is not None and t0._server.address == host  # not every address of the host
-        store_port = t0._server.port
-        outcome = stranger_reads_the_store(host, store_port)
-        assert isinstance(outcome, AuthenticationFailed), outcome
+        assert not [value for value in kv.data.values() if token and token in value]  # the token is not there
+        outcome = stranger_reads_the_store(host, t0._server.port)
+        if token:
+            assert isinstance(outcome, AuthenticationFailed), outcome
+        else:
+            assert isinstance(outcome, bytes) and outcome, outcome
     finally:
         for t in (t0, t1):
             if isinstance(t, TcpTransport):

@@ -20,7 +20,6 @@ hold many handshakes at once (``_accept``); ``accept_handshake`` is the same, bl
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import logging
@@ -235,15 +234,34 @@ def _mpi_secret(rank: int, world_size: int, deadline: float | None) -> Secret:
     return Secret(bytes(buffer).hex().encode(), "a secret rank 0 broadcast over MPI (mpi4py)")
 
 
-@functools.cache
+#: Whether this process has said that its job accepts anyone (it says so once), and whether
+#: it leaves that to another rank of the job (see ``say_open``).
+_OPEN = {"said": False, "left": False}
+#: How to close an open job, at the end of what is said.
+CLOSE_IT = (
+    "Export the same secret on every rank, e.g. FERRODIST_TOKEN=$(python -c 'import secrets; "
+    "print(secrets.token_hex(32))'), or start the ranks with `ferrodist run`, which makes one per job."
+)
+
+
+def say_open(message: str | None) -> None:
+    """Log ``message`` (that this job accepts anyone) as a WARNING, once per process.
+    None: another rank of the job says it; this one logs nothing, not even the handshakes'
+    warning of an open job."""
+    if message is None:
+        _OPEN["left"] = True
+    elif not _OPEN["said"]:
+        _OPEN["said"] = True
+        logging.getLogger("ferrodist.transport").warning("%s", message)
+
+
 def _warn_open() -> None:
-    """Log, once per process, that this job accepts anyone."""
-    logging.getLogger("ferrodist.transport").warning(
+    if _OPEN["left"]:
+        return
+    say_open(
         "ferrodist: FERRODIST_TOKEN is not set and the launcher shares no secret, so this job's connections are "
         "not authenticated: its ports listen on loopback only, but any process of this host can join the job "
-        "or send it data. Export the same secret on every rank, e.g. "
-        "FERRODIST_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))'), "
-        "or start the ranks with `ferrodist run`, which makes one per job."
+        f"or send it data. {CLOSE_IT}"
     )
 
 

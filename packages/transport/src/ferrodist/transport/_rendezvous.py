@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import os
-import secrets
 import socket
 import threading
 import time
@@ -52,6 +51,7 @@ from ferrodist.core import (
 )
 
 from ._accept import Refusals
+from ._auth import CLOSE_IT, say_open
 from ._net import HANDSHAKE_LIMIT, PortInUse, store_address
 from ._store import KeyValue, StoreClient, StoreServer
 
@@ -79,6 +79,13 @@ _STOPPED = "ferrodist/stopped"
 _REFUSED = "ferrodist/refused"
 #: The key of an outside key-value store under which rank 0 publishes where its store is.
 STORE_KEY = "ferrodist/store"
+#: What rank 0 of a job started through an outside store without FERRODIST_TOKEN says.
+OPEN_THROUGH_A_STORE = (
+    "ferrodist: FERRODIST_TOKEN is not set, so this job's connections are not authenticated: it started through "
+    "the job's own key-value store (torch's store under torchrun), which anyone who reaches it can read, so no "
+    "secret is kept there, and any process that reaches MASTER_PORT or this job's ports can join the job or send "
+    f"it data. {CLOSE_IT}"
+)
 #: Error classes an abort may carry (anything else arrives as ``FerrodistError``).
 _KINDS: dict[str, type[FerrodistError]] = {
     cls.__name__: cls for cls in (InvalidArgument, InvalidRank, BackendUnavailable, ProtocolError, AuthenticationFailed)
@@ -153,10 +160,11 @@ def open_store_through(
     kv: KeyValue, rank: int, host: str, token: bytes, deadline: float, what: str, refusals: Refusals | None = None
 ) -> tuple[StoreClient, StoreServer | None, bytes]:
     """Start through a key-value store the job already has (``kv``): rank 0 hosts the store
-    on ``host`` and a port the OS picks, and publishes ``"host:port store-id token"`` under
+    on ``host`` and a port the OS picks, and publishes ``"host:port store-id -"`` under
     ``STORE_KEY``; every other rank reads that and connects. Returns the client, the server
-    on rank 0, and the job token: ``token`` when it is not empty, else one rank 0 made for
-    this job (and published with the address: whoever can read ``kv`` can join the job).
+    on rank 0, and the job token, ``token``. No secret is ever put in ``kv``: torch's store,
+    for one, lets anyone who reaches its port read it. Without ``token`` the job is open to
+    anyone who reaches its ports, and rank 0 says so once, with how to close it.
 
     A record left in ``kv`` by an earlier group (one this process joined, or whose store
     has gone) is read again until rank 0 replaces it, within ``deadline``.
@@ -166,27 +174,27 @@ def open_store_through(
         BackendUnavailable: ``kv`` failed (its error is in the message).
         AuthenticationFailed: this rank's ``FERRODIST_TOKEN`` is not rank 0's.
     """
+    if not token:
+        say_open(OPEN_THROUGH_A_STORE if rank == 0 else None)
     if rank == 0:
-        secret = token or secrets.token_hex(16).encode()
-        server = StoreServer(host, 0, token=secret, refusals=refusals)
+        server = StoreServer(host, 0, token=token, refusals=refusals)
         try:
-            made = secret.decode() if not token else "-"
-            _kv_call(kv.set, (STORE_KEY, f"{host}:{server.port} {server.store_id} {made}".encode()), deadline, what)
+            _kv_call(kv.set, (STORE_KEY, f"{host}:{server.port} {server.store_id} -".encode()), deadline, what)
             client = StoreClient(
-                host, server.port, timeout=max(0.05, deadline - time.monotonic()), token=secret, rank=0
+                host, server.port, timeout=max(0.05, deadline - time.monotonic()), token=token, rank=0
             )
         except BaseException:
             server.close()
             raise
-        return client, server, secret
+        return client, server, token
     delay, last = 0.02, None
     while True:
         record = _kv_call(kv.get, (STORE_KEY,), deadline, what).decode(errors="replace")
-        address, store_id, made = [*record.split(" "), "", ""][:3]
+        address, store_id = [*record.split(" "), "", ""][:2]
         store_host, _, port = address.rpartition(":")
         if not store_host or not port.isdigit() or not store_id:
             raise ProtocolError(f"{what}: the key {STORE_KEY!r} of the job's key-value store holds {record[:80]!r}")
-        secret = token or (made.encode() if made != "-" else b"")
+        secret = token
         left = deadline - time.monotonic()
         if store_id not in JOINED.ids(rank):  # else: the store of a group this process has left
             try:

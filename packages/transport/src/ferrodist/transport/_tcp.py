@@ -110,10 +110,10 @@ class TcpTransport:
 
         ``rendezvous``: a key-value store the job already has (any object with blocking
         ``get(key) -> bytes`` and ``set(key, bytes)``, such as torch's ``c10d.Store``).
-        Then rank 0 hosts the store on a port the OS picks and publishes where it is (and,
-        without ``FERRODIST_TOKEN``, a token it made for the job) there; ``master_port`` is
-        not used, and ``master_addr``, when given, only picks the network interface (the
-        one that routes to it; default: this host's name).
+        Then rank 0 hosts the store on a port the OS picks and publishes where it is there
+        (never a secret: without ``FERRODIST_TOKEN`` such a job is open, and rank 0 says so);
+        ``master_port`` is not used, and ``master_addr``, when given, only picks the network
+        interface (the one that routes to it; default: this host's name).
 
         The job's secret is ``token``, else ``FERRODIST_TOKEN``, else one the launcher
         shares (see ``_auth.launcher_secret``: SLURM, mpiexec with mpi4py). Without any, the
