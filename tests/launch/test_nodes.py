@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installe
 from ferrodist.launch import main
 from ferrodist.launch._channel import rank_token
 from ferrodist.launch._judge import Node, judge
+from ferrodist.launch._refused import NAMED
 
 PLACE = Path(__file__).parents[1] / "integration" / "scripts" / "place.py"
 _PLACE_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FERRODIST_TOKEN")
@@ -281,6 +283,28 @@ def test_a_start_that_fails_says_what_node_0_refused_and_from_where(tmp_path):
         "connections: 2 from 127.0.0.1 (it does not speak the launchers' protocol); 1 still in their handshake "
         "(1 from 127.0.0.1): start `ferrodist run"
     ) in summary(out), out
+
+
+def test_a_flood_of_strangers_is_named_five_times_then_counted(tmp_path):
+    script = job(tmp_path, "pass\n")
+    port = free_port()
+    hub = launcher(0, 2, port, 1, script, options=("--join-timeout", "4"))
+    strangers = [knock(port, b"\x00" * 68) for _ in range(12)]
+    try:
+        (out,) = finish([hub])
+    finally:
+        for sock in strangers:
+            sock.close()
+    assert hub.returncode == 1, out
+    named = [line for line in out.splitlines() if "node 0 refused a connection from 127.0.0.1" in line]
+    assert len(named) == NAMED, out
+    assert "(further ones are counted, and said every 10 s)" in named[-1], out
+    found = re.search(
+        r"meanwhile node 0 refused (\d+) connections: \1 from 127.0.0.1 \(it does not speak", summary(out)
+    )
+    still = re.search(r"(\d+) still in their handshake", summary(out))
+    assert found is not None, out
+    assert int(found.group(1)) + (int(still.group(1)) if still else 0) == 12, out
 
 
 def test_launchers_that_disagree_on_the_number_of_nodes_both_fail_saying_so(tmp_path):

@@ -55,6 +55,7 @@ from ._channel import (
 )
 from ._judge import Node, Outcome, judge
 from ._placement import Placement, place
+from ._refused import Refused
 from ._verdict import RankEnd, diagnose, signal_name
 
 __all__ = [
@@ -148,7 +149,7 @@ class Hub(_Link):
         self._interrupted: tuple[int, int] | None = None  # (node, signal)
         self._stopping = False
         self._knocks: list[Knock] = []
-        self._refused: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._refused = Refused()
         self.nodes: tuple[Node, ...] = ()
         bind = "127.0.0.1" if loopback(master_addr) else "0.0.0.0"
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -224,6 +225,9 @@ class Hub(_Link):
         for knock in self._knocks:
             knock.sock.close()
         self._knocks = []
+        unsaid = self._refused.unsaid()
+        if unsaid is not None:
+            print(unsaid, flush=True)
         job = secrets.token_hex(6)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.bind(("127.0.0.1" if loopback(self.master_addr) else "0.0.0.0", 0))
@@ -241,11 +245,7 @@ class Hub(_Link):
 
     def _never_arrived(self, missing: list[int], arrived: list[int]) -> str:
         who = f"node {missing[0]}" if len(missing) == 1 else f"nodes {missing}"
-        refused = ""
-        if self._refused:
-            by = "; ".join(f"{count} from {host} ({why})" for (host, why), count in sorted(self._refused.items()))
-            total = self._refused.total()
-            refused = f"; meanwhile node 0 refused {total} connection{'s' if total > 1 else ''}: {by}"
+        refused = f"; meanwhile node 0 refused {self._refused.tally()}" if self._refused.counts else ""
         if self._knocks:
             hosts = collections.Counter(knock.host for knock in self._knocks)
             by = ", ".join(f"{count} from {host}" for host, count in sorted(hosts.items()))
@@ -300,8 +300,9 @@ class Hub(_Link):
         return joined
 
     def _refuse(self, host: str, why: str) -> None:
-        self._refused[(host, why)] += 1
-        print(f"ferrodist run: node 0 refused a connection from {host}: {why}", flush=True)
+        line = self._refused.add(host, why)
+        if line is not None:
+            print(line, flush=True)
 
     def _welcome(self, ch: Channel, hello: dict[str, object], hosts: dict[int, tuple[str, int, int]]) -> None:
         try:
