@@ -68,6 +68,23 @@ def test_without_restarts_left_the_failure_ends_the_job(tmp_path):
     assert "rank 1" in done.stdout
 
 
+def test_a_job_that_fails_on_every_attempt_says_when_its_restarts_are_spent(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "ferrodist.launch", "run", "-n", "1", "--max-restarts", "2", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")},
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    restarts = [i for i, line in enumerate(lines) if "ferrodist run: restarting the job" in line]
+    spent = [i for i, line in enumerate(lines) if "ferrodist run: no restart left (2 of 2 used): the job ends" in line]
+    assert len(restarts) == 2 and len(spent) == 1 and spent[0] > restarts[-1], done.stdout
+
+
 def test_a_bad_restart_count_is_refused(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "ferrodist.launch", "run", "-n", "1", "--max-restarts", "-1", "true"],

@@ -180,6 +180,8 @@ def run(
             lost = started and result.failed_rank is None and result.failed_node is not None
             failed = result.failed_rank is not None or lost
             if result.exit_code == 0 or not failed or restart >= max_restarts or signals.seen:
+                if failed and max_restarts and restart >= max_restarts and not signals.seen:
+                    console.line(f"ferrodist run: no restart left ({max_restarts} of {max_restarts} used): the job ends")
                 return result
             restart += 1
             wait = f"; waiting up to {join_timeout:g} s for node {result.failed_node}'s launcher" if lost else ""
