@@ -106,7 +106,7 @@ def test_a_rank_that_skips_a_collective_is_named_by_every_rank_that_waited(tmp_p
     done, errors = run_fault("skip", tmp_path, backend)
     assert done.returncode == 1
     # The launcher blames the rank that never came, not the first rank that timed out.
-    assert "ferrodist run: rank 2 never arrived: ranks [0, 1] timed out waiting for it" in done.stdout
+    assert "ferrodist run: rank 2 did not come to the call in time: ranks [0, 1] timed out waiting for it" in done.stdout
     assert sorted(errors) == [0, 1]
     for error in errors.values():
         assert error["class"] == "CollectiveTimeout"

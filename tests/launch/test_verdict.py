@@ -71,7 +71,7 @@ def test_a_frozen_rank_that_others_timed_out_waiting_for_is_named_though_the_lau
     assert verdict.culprits == (2,)
     assert verdict.exit_code == 1  # the culprit did not fail by itself: the first failure's code
     assert verdict.summary == (
-        "ferrodist run: rank 2 never arrived: ranks [0, 1] timed out waiting for it "
+        "ferrodist run: rank 2 did not come to the call in time: ranks [0, 1] timed out waiting for it "
         "(rank 2 was still running when the launcher stopped it); stopped by the launcher: ranks [1, 2]"
     )
 

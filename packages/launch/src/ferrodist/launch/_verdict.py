@@ -174,15 +174,16 @@ def diagnose(ends: Sequence[RankEnd], *, interrupted: int | None = None) -> Verd
 
 def _blamed(ends: Sequence[RankEnd], reporters: set[int], by_rank: dict[int, RankEnd]) -> tuple[tuple[int, ...], str]:
     """Rule 3: the ranks the reporters blame that are not reporters themselves, and the
-    phrase naming them (``rank 2 never arrived: ranks [0, 1] timed out waiting for it ...``)."""
+    phrase naming them (``rank 2 did not come to the call in time: ranks [0, 1] timed out
+    waiting for it ...``)."""
     blamed = sorted({r for e in ends for r in e.blames if r not in reporters and r in by_rank})
     if not blamed:
         return (), ""
     accusers = [e for e in ends if set(e.blames) & set(blamed)]
     names = {e.error.name for e in accusers if e.error}
     one = len(blamed) == 1
-    if names == {"CollectiveTimeout"}:
-        what, how = "never arrived", "timed out waiting for"
+    if names == {"CollectiveTimeout"}:  # it may have run calls before and then frozen: not "never arrived"
+        what, how = "did not come to the call in time", "timed out waiting for"
     elif names == {"PeerLost"}:
         what, how = "was lost" if one else "were lost", "lost their connection to"
     else:
