@@ -307,6 +307,41 @@ def test_a_flood_of_strangers_is_named_five_times_then_counted(tmp_path):
     assert int(found.group(1)) + (int(still.group(1)) if still else 0) == 12, out
 
 
+@pytest.mark.parametrize("nnodes", [1, 2])
+def test_a_rank_frozen_past_the_deadline_that_resumes_is_the_one_named(tmp_path, nnodes):
+    """The last rank is stopped (SIGSTOP) past the others' 1 s deadline and resumed while the
+    launchers are still stopping the job: it fails too, with what it read of the others'
+    failures, and the verdict names it all the same, on every node."""
+    script = job(
+        tmp_path,
+        """
+        import numpy as np
+        import ferrodist.collectives as dist
+        dist.init_process_group("tcp", timeout=30)
+        for i in range(3000):
+            dist.all_reduce(np.ones(4), timeout=1.0)
+            if i == 20:  # the ranks have run calls together
+                open(os.path.join(OUT, "ready" + os.environ["RANK"]), "w").close()
+            time.sleep(0.005)
+        """,
+    )
+    port, ranks = free_port(), 4
+    procs = [launcher(node, nnodes, port, ranks // nnodes, script, options=("--grace", "5")) for node in range(nnodes)]
+    try:
+        frozen = pids(tmp_path, range(ranks))[-1]
+        give_up = time.monotonic() + 60
+        while not all((tmp_path / f"ready{rank}").exists() for rank in range(ranks)):
+            assert time.monotonic() < give_up, "the ranks never ran their first calls"
+            time.sleep(0.02)
+        os.kill(frozen, signal.SIGSTOP)
+        time.sleep(2.0)
+        os.kill(frozen, signal.SIGCONT)
+    finally:
+        outputs = finish(procs)
+    for out in outputs:
+        assert summary(out).startswith(f"ferrodist run: rank {ranks - 1} "), out
+
+
 def test_launchers_that_disagree_on_the_number_of_nodes_both_fail_saying_so(tmp_path):
     script = job(tmp_path, "pass\n")
     port = free_port()

@@ -76,6 +76,36 @@ def test_a_frozen_rank_that_others_timed_out_waiting_for_is_named_though_the_lau
     )
 
 
+def test_a_frozen_rank_that_resumed_and_reported_a_healthy_peer_is_still_the_one_named():
+    """Rank 2 was stopped past the deadline: ranks 0 and 1 timed out waiting for it at 100 s.
+    It resumed at 103 s and failed too, naming rank 1, which it read from the others'
+    failures: every rank reports another, and the first report says who came late."""
+    ends = [
+        RankEnd(0, 1, 0, error=RankError("CollectiveTimeout", (2,), at=100.0)),
+        RankEnd(1, 1, 1, error=RankError("CollectiveTimeout", (2,), at=100.2)),
+        RankEnd(2, 1, 2, error=RankError("CollectiveTimeout", (1,), at=103.0)),
+    ]
+    verdict = diagnose(ends)
+    assert verdict.culprits == (2,), verdict.summary
+    assert verdict.summary == (
+        "ferrodist run: rank 2 did not come to the call in time: ranks [0, 1] timed out waiting for it "
+        "(rank 2 exited with code 1)"
+    ), verdict.summary
+
+
+def test_reports_that_blame_each_other_without_times_fall_back_to_the_first_rank_to_fail():
+    ends = [RankEnd(0, 1, 1, error=timed_out(1)), RankEnd(1, 1, 0, error=timed_out(0))]
+    assert diagnose(ends).culprits == (1,)
+
+
+def test_an_error_file_says_when_it_was_written(tmp_path, monkeypatch):
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("FERRODIST_ERROR_FILE", str(path))
+    record_failure(CollectiveTimeout("rank 0: waited", rank=0, waiting_for=(1,)))
+    error = read_error(str(path))
+    assert error is not None and error.blames == (1,) and error.at is not None and error.at > 1.6e9
+
+
 def test_a_rank_that_left_early_is_named_by_the_ranks_that_lost_it():
     ends = [RankEnd(0, 1, 1, error=lost(2)), RankEnd(1, 1, 2, error=lost(2)), RankEnd(2, 0, 0)]
     verdict = diagnose(ends)
@@ -121,7 +151,9 @@ def test_the_error_file_ferrodist_writes_is_the_one_the_launcher_reads(tmp_path,
     monkeypatch.setenv("RANK", "0")
     record_failure(CollectiveTimeout("rank 0: all_reduce #2 timed out", rank=0, waiting_for=(0, 2, 3)))
     record_failure(PeerLost("rank 0: lost rank 1", peer=1))  # a later error: the first one stays
-    assert read_error(str(path)) == RankError("CollectiveTimeout", (2, 3), "rank 0: all_reduce #2 timed out")
+    found = read_error(str(path))
+    assert found is not None and found.at is not None
+    assert (found.name, found.blames, found.message) == ("CollectiveTimeout", (2, 3), "rank 0: all_reduce #2 timed out")
     assert json.loads(path.read_text())["rank"] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json"]  # no partial file left
 

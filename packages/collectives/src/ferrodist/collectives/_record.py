@@ -5,10 +5,12 @@ When ``FERRODIST_ERROR_FILE`` is set (``ferrodist run`` sets it for every rank),
 ferrodist error that reaches the caller, from ``init_process_group``, a collective or a
 point-to-point call, is written there as one JSON object::
 
-    {"error": "PeerLost", "blames": [1], "rank": 0, "message": "rank 0: all_reduce #3 ..."}
+    {"error": "PeerLost", "blames": [1], "rank": 0, "message": "rank 0: all_reduce #3 ...", "at": 1.7e9}
 
 ``blames`` lists the other ranks the error is about: the peer a ``PeerLost`` lost, the
-ranks a ``CollectiveTimeout`` waited for. An error that blames no other rank (a mismatch,
+ranks a ``CollectiveTimeout`` waited for; ``at`` is when (``time.time()``), so that a rank
+that froze and raised its own error after it resumed is known by the others having
+blamed it first. An error that blames no other rank (a mismatch,
 a bad argument) is the rank's own. Only the first error is kept: later ones usually
 follow from it. Writing never raises; the file appears whole or not at all.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 
 from ferrodist.core import CollectiveTimeout, FerrodistError, PeerLost
 
@@ -47,6 +50,7 @@ def record_failure(error: FerrodistError) -> None:
         "blames": [int(r) for r in blames if r != rank and r >= 0],
         "rank": rank,
         "message": error.message,
+        "at": time.time(),
     }
     partial = f"{path}.{os.getpid()}.partial"
     try:

@@ -13,6 +13,9 @@ signal it sent the rank while it still ran, what the rank wrote to its error fil
    out, say in its cleanup, when the launcher stopped it);
 3. else the ranks the reporters blame (the ranks a timeout waited for, the peer that was
    lost) that are not reporters themselves: ranks that froze, never arrived, or left;
+   when every rank reports another, the rank the first report blames, if its own report
+   came later (it froze, and failed when it resumed: what it blames, it read from the
+   others' failures);
 4. else the first rank that failed.
 
 The error file is what ``ferrodist.collectives`` writes to ``FERRODIST_ERROR_FILE`` on a
@@ -38,6 +41,7 @@ class RankError:
     name: str
     blames: tuple[int, ...] = ()
     message: str = ""
+    at: float | None = None  # when the rank wrote it (time.time()), if it said
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ def read_error(path: str) -> RankError | None:
             record = json.load(f)
         name = str(record["error"])
         blames = tuple(int(r) for r in record.get("blames", ()))
-        return RankError(name, blames, str(record.get("message", "")))
+        at = record.get("at")
+        return RankError(name, blames, str(record.get("message", "")), float(at) if at is not None else None)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -154,7 +159,9 @@ def diagnose(ends: Sequence[RankEnd], *, interrupted: int | None = None) -> Verd
         culprits: tuple[int, ...] = (cause.rank,)
     else:
         culprits, what = _blamed(ends, reporters, by_rank)
-        if not culprits:  # rule 4: the reporters blame each other
+        if not culprits:  # the reporters blame each other: one that was blamed first, then reported?
+            culprits, what = _blamed(ends, reporters - _blamed_first(ends), by_rank)
+        if not culprits:  # rule 4
             cause = failed[0]
             culprits, what = (cause.rank,), f"rank {cause.rank} {describe(cause.code)}"
     summary = f"ferrodist run: {what}"
@@ -198,6 +205,24 @@ def _blamed(ends: Sequence[RankEnd], reporters: set[int], by_rank: dict[int, Ran
             fates.append(f"rank {rank} {describe(end.code)}")
     phrase = f"{who} {what}: ranks {[e.rank for e in accusers]} {how} {them} ({'; '.join(fates)})"
     return tuple(blamed), phrase
+
+
+def _blamed_first(ends: Sequence[RankEnd]) -> set[int]:
+    """The ranks the earliest report blames whose own report came after it: they froze (or
+    were slow) past the others' deadline and failed once they resumed, reporting what the
+    others' failures told them; empty when the reports do not say when they were written."""
+    timed = sorted((e.error.at, e) for e in ends if e.blames and e.error is not None and e.error.at is not None)
+    if not timed:
+        return set()
+    first_at, first = timed[0]
+    return {
+        r
+        for r in first.blames
+        if (own := next((e for e in ends if e.rank == r), None)) is not None
+        and own.error is not None
+        and own.error.at is not None
+        and own.error.at > first_at
+    }
 
 
 #: Errors that say a rank waited for others: never a rank's own failure, blames or not.
