@@ -342,6 +342,40 @@ def test_a_rank_frozen_past_the_deadline_that_resumes_is_the_one_named(tmp_path,
         assert summary(out).startswith(f"ferrodist run: rank {ranks - 1} "), out
 
 
+def test_an_interrupt_of_node_0_during_a_restart_ends_every_node_at_once_with_one_verdict(tmp_path):
+    """Rank 1 (node 1) fails in the first attempt, so both launchers restart the job; node 0's
+    launcher gets SIGINT just after it says so, while node 1's is on its way back: both end
+    within seconds, exit 130, saying node 0's launcher was interrupted."""
+    script = job(
+        tmp_path,
+        """
+        if os.environ["RANK"] == "1" and os.environ["FERRODIST_RESTART_COUNT"] == "0":
+            sys.exit(3)
+        time.sleep(60)
+        """,
+    )
+    port = free_port()
+    options = ("--max-restarts", "1", "--join-timeout", "30")
+    procs = [launcher(node, 2, port, 1, script, options=options) for node in range(2)]
+    seen = []
+    try:
+        assert procs[0].stdout is not None
+        for line in procs[0].stdout:
+            seen.append(line)
+            if "ferrodist run: restarting the job" in line:
+                procs[0].send_signal(signal.SIGINT)
+                break
+        started = time.monotonic()
+    finally:
+        outputs = finish(procs, limit=60)
+    took = time.monotonic() - started
+    outputs[0] = "".join(seen) + outputs[0]
+    assert [p.returncode for p in procs] == [130, 130], outputs
+    assert took < 15, (took, outputs)  # not node 1's join timeout
+    for out in outputs:
+        assert "interrupted by SIGINT" in summary(out), out
+
+
 def test_launchers_that_disagree_on_the_number_of_nodes_both_fail_saying_so(tmp_path):
     script = job(tmp_path, "pass\n")
     port = free_port()

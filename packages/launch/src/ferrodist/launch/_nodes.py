@@ -180,8 +180,11 @@ class Hub(_Link):
         self._waited = max(0.0, deadline - time.monotonic())
         hosts: dict[int, tuple[str, int, int]] = {0: (socket.gethostname(), os.getpid(), self.nprocs)}
         pending: list[Channel] = []
-        while len(hosts) < self.nnodes:
+        stopping: tuple[str, None, int] | None = None  # interrupted in a restart: tell the nodes coming back
+        while len(hosts) < self.nnodes or stopping:
             left = deadline - time.monotonic()
+            if stopping and (left <= 0 or len(hosts) == self.nnodes):
+                self._abort(*stopping)
             if left <= 0:
                 missing = [k for k in range(self.nnodes) if k not in hosts]
                 self._abort(self._never_arrived(missing, sorted(hosts)), missing[0])
@@ -191,11 +194,12 @@ class Hub(_Link):
             ready = select.select(watched, [], [], max(0.0, wake))[0]
             if stop_fd in ready:
                 signum = _read_signal(stop_fd)
-                self._abort(
-                    f"ferrodist run: node 0's launcher was interrupted by {signal_name(signum)} before the job started",
-                    None,
-                    128 + signum,
+                why = (
+                    f"ferrodist run: node 0's launcher was interrupted by {signal_name(signum)} before the job started"
                 )
+                if stopping or not attempt:
+                    self._abort(why, None, 128 + signum)
+                stopping, deadline = (why, None, 128 + signum), min(deadline, time.monotonic() + self.silence)
             if self._listener.fileno() in ready:
                 self._accept()
             pending += self._handshakes(ready)
@@ -332,7 +336,7 @@ class Hub(_Link):
 
     def _abort(self, summary: str, node: int | None, exit_code: int = 1, *, extra: Channel | None = None) -> None:
         for ch in [*self._members.values(), *([extra] if extra is not None else [])]:
-            ch.send("abort", why=summary)
+            ch.send("abort", why=summary, code=exit_code)
         raise NodeFailure(summary, node=node, exit_code=exit_code)
 
     # -- run -------------------------------------------------------------------------------------
@@ -477,8 +481,8 @@ class Member(_Link):
                     exit_code=128 + _read_signal(stop_fd),
                 )
             for message in self._hub.receive():
-                if message.get("kind") == "abort":
-                    raise NodeFailure(str(message.get("why")))
+                if message.get("kind") == "abort":  # with node 0's exit code: one verdict on every node
+                    raise NodeFailure(str(message.get("why")), exit_code=int(message.get("code", 1)))  # type: ignore[call-overload]
                 if message.get("kind") == "start":
                     nodes = tuple(Node(**n) for n in message["nodes"])  # type: ignore[attr-defined]
                     job, port = str(message["job"]), int(message["master_port"])  # type: ignore[call-overload]
