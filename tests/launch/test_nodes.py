@@ -267,17 +267,24 @@ def test_silent_connections_do_not_hold_up_the_nodes_joining(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outputs
 
 
-def test_a_start_that_fails_says_what_node_0_refused_and_from_where(tmp_path):
+def alone_with_strangers(tmp_path: Path, payloads: list[bytes | None], join_timeout: str) -> tuple[int, str]:
+    """Node 0's launcher of two nodes, node 1 never started, strangers connecting meanwhile
+    (each sending one of ``payloads``; None: nothing): its exit code and output."""
     script = job(tmp_path, "pass\n")
     port = free_port()
-    hub = launcher(0, 2, port, 1, script, options=("--join-timeout", "2"))
-    strangers = [knock(port, b"GET / HTTP/1.0\r\n\r\n"), knock(port, b"\x00" * 68), knock(port, None)]
+    hub = launcher(0, 2, port, 1, script, options=("--join-timeout", join_timeout))
+    strangers = [knock(port, payload) for payload in payloads]
     try:
         (out,) = finish([hub])
     finally:
         for sock in strangers:
             sock.close()
-    assert hub.returncode == 1, out
+    return hub.returncode, out
+
+
+def test_a_start_that_fails_says_what_node_0_refused_and_from_where(tmp_path):
+    code, out = alone_with_strangers(tmp_path, [b"GET / HTTP/1.0\r\n\r\n", b"\x00" * 68, None], "2")
+    assert code == 1, out
     assert (
         "ferrodist run: node 1 never arrived within 2 s (arrived: nodes [0]); meanwhile node 0 refused 2 "
         "connections: 2 from 127.0.0.1 (it does not speak the launchers' protocol); 1 still in their handshake "
@@ -286,16 +293,8 @@ def test_a_start_that_fails_says_what_node_0_refused_and_from_where(tmp_path):
 
 
 def test_a_flood_of_strangers_is_named_five_times_then_counted(tmp_path):
-    script = job(tmp_path, "pass\n")
-    port = free_port()
-    hub = launcher(0, 2, port, 1, script, options=("--join-timeout", "4"))
-    strangers = [knock(port, b"\x00" * 68) for _ in range(12)]
-    try:
-        (out,) = finish([hub])
-    finally:
-        for sock in strangers:
-            sock.close()
-    assert hub.returncode == 1, out
+    code, out = alone_with_strangers(tmp_path, [b"\x00" * 68] * 12, "4")
+    assert code == 1, out
     named = [line for line in out.splitlines() if "node 0 refused a connection from 127.0.0.1" in line]
     assert len(named) == NAMED, out
     assert "(further ones are counted, and said every 10 s)" in named[-1], out
