@@ -59,9 +59,10 @@ def test_nccls_own_init_failure_without_a_gpu_maps_to_device_unavailable(no_gpu)
     code = (
         "import ctypes\n"
         "from ferrodist.nccl._library import load_library, UniqueIdStruct\n"
+        "from ferrodist.nccl._ids import get_unique_id\n"
         "from ferrodist.nccl._status import error_for\n"
         "lib = load_library()\n"
-        "uid = UniqueIdStruct.from_buffer_copy(lib.unique_id())\n"
+        "uid = UniqueIdStruct.from_buffer_copy(get_unique_id(lib))\n"
         "comm = ctypes.c_void_p()\n"
         "status = lib.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0)\n"
         "error = error_for(status, 'ncclCommInitRank', rank=0, library=lib)\n"

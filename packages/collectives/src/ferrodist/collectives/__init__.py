@@ -18,6 +18,7 @@ from ._api import (
     barrier,
     broadcast,
     broadcast_object_list,
+    enable_two_levels,
     gather,
     gather_object,
     irecv,
@@ -58,7 +59,6 @@ from ._torchnames import (
     reduce_scatter_single,
     send_object_list,
 )
-from ._twolevel_start import enable_two_levels
 from ._work import Work
 
 __all__ = [

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ferrodist.core import InvalidArgument, ReduceOp
+from ferrodist.transport import Transport
 
-from . import _objects, _tensors
+from . import _objects, _tensors, _twolevel_start
 from ._group import ProcessGroup
 from ._state import resolve
 from ._timeouts import Timeout
@@ -347,3 +348,28 @@ def scatter_object_list(
         g.group_rank(0) if root is None else root,
         timeout=timeout,
     )
+
+
+def enable_two_levels(
+    group: ProcessGroup | None = None,
+    *,
+    places: Sequence[tuple[int, int]] | None = None,
+    node_transport: Transport | None = None,
+) -> str | None:
+    """Run the world group's collectives over two levels: inside each node, then between
+    nodes. ``init_process_group("auto")`` does this by itself for a job over several hosts;
+    call it for a world made otherwise. A collective of every rank.
+
+    Without arguments, the ranks find their nodes (the launchers' node numbers, else host
+    names) and open each node's shared memory through the world's store. With ``places``
+    (every rank's ``(node, local rank)``, the same list on every rank) and
+    ``node_transport`` (this rank's transport to its node's ranks, as local rank of them:
+    simulated nodes in tests), those are used. Returns the levels in words, or None where
+    there is no second level (one node, or one rank per node: the world stays flat).
+
+    Example (4 simulated ranks as 2 nodes of 2; ``inner[k]`` from
+    ``SimulatedTransport.create_group(2)`` for node k)::
+
+        enable_two_levels(places=[(0, 0), (0, 1), (1, 0), (1, 1)], node_transport=inner[rank // 2][rank % 2])
+    """
+    return _twolevel_start.enable_given(resolve(group), places, node_transport)

@@ -18,38 +18,18 @@ from ._twolevel import Levels
 if TYPE_CHECKING:
     from ._group import ProcessGroup
 
-__all__ = ["attach", "enable", "enable_two_levels"]
+__all__ = ["attach", "enable", "enable_given"]
 
 _log = logging.getLogger("ferrodist.collectives")
 #: The longest a node's ranks wait for each other to open their shared memory.
 _NODE_START = 120.0
 
 
-def enable_two_levels(
-    group: ProcessGroup | None = None,
-    *,
-    places: Sequence[tuple[int, int]] | None = None,
-    node_transport: Transport | None = None,
+def enable_given(
+    world: ProcessGroup, places: Sequence[tuple[int, int]] | None, node_transport: Transport | None
 ) -> str | None:
-    """Run the world group's collectives over two levels: inside each node, then between
-    nodes. ``init_process_group("auto")`` does this by itself for a job over several hosts;
-    call it for a world made otherwise. A collective of every rank.
-
-    Without arguments, the ranks find their nodes (the launchers' node numbers, else host
-    names) and open each node's shared memory through the world's store. With ``places``
-    (every rank's ``(node, local rank)``, the same list on every rank) and
-    ``node_transport`` (this rank's transport to its node's ranks, as local rank of them:
-    simulated nodes in tests), those are used. Returns the levels in words, or None where
-    there is no second level (one node, or one rank per node: the world stays flat).
-
-    Example (4 simulated ranks as 2 nodes of 2; ``inner[k]`` from
-    ``SimulatedTransport.create_group(2)`` for node k)::
-
-        enable_two_levels(places=[(0, 0), (0, 1), (1, 0), (1, 1)], node_transport=inner[rank // 2][rank % 2])
-    """
-    from ._state import resolve
-
-    world = resolve(group)
+    """``enable_two_levels`` on ``world`` (see there): found by the ranks, or from the places
+    and node transport given."""
     transport = world.transport
     operation = "enable_two_levels"
     if list(world.ranks) != list(range(transport.world_size)):

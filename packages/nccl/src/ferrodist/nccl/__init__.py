@@ -8,7 +8,8 @@ from ._communicator import NcclCommunicator
 from ._config import DEFAULT_TIMEOUT, NcclConfig
 from ._cuda import device_count
 from ._group import NcclGroup, init_nccl
-from ._library import UNIQUE_ID_BYTES, get_unique_id, is_available, library_path, nccl_version
+from ._ids import get_unique_id
+from ._library import UNIQUE_ID_BYTES, is_available, library_path, nccl_version
 from ._work import NcclWork
 
 __all__ = [

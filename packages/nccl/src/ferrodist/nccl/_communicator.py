@@ -24,6 +24,7 @@ from ferrodist.core import (
 from . import _cuda
 from ._buffers import DeviceBuffer, device_buffer, nccl_datatype, nccl_op
 from ._config import DEFAULT_TIMEOUT, NcclConfig, check_timeout, check_world
+from ._ids import get_unique_id
 from ._library import UNIQUE_ID_BYTES, Result, UniqueIdStruct, load_library
 from ._status import check, error_for
 from ._work import NcclWork
@@ -129,7 +130,7 @@ class NcclCommunicator:
             library = load_library()
             _cuda.require_device(device, "NcclCommunicator.from_group", rank=rank)
             if rank == 0:
-                uid[:] = np.frombuffer(library.unique_id(), dtype=np.uint8)
+                uid[:] = np.frombuffer(get_unique_id(library), dtype=np.uint8)
         except FerrodistError as exc:
             failure = exc
         flags = np.zeros(size, dtype=np.int32)

@@ -54,6 +54,7 @@ from ferrodist.core import cuda as core_cuda
 from ._buffers import DeviceBuffer, nccl_op
 from ._communicator import NcclCommunicator
 from ._config import NcclConfig
+from ._ids import get_unique_id
 from ._library import UNIQUE_ID_BYTES, load_library, version_code
 
 __all__ = ["NcclEngine", "NcclProvider", "provider"]
@@ -127,7 +128,7 @@ class NcclEngine:
         device: int,
         *,
         factory: Factory = _communicator,
-        unique_id: Callable[[], bytes] = lambda: load_library().unique_id(),
+        unique_id: Callable[[], bytes] = get_unique_id,
     ) -> None:
         self._group = group
         self._device = device

@@ -40,7 +40,6 @@ __all__ = [
     "config_fields",
     "config_size",
     "find_library_path",
-    "get_unique_id",
     "is_available",
     "library_path",
     "load_library",
@@ -299,17 +298,6 @@ class NcclLibrary:
         text = self.ncclGetLastError(comm)
         return text.decode(errors="replace") if text else ""
 
-    def unique_id(self) -> bytes:
-        """A fresh ``ncclUniqueId`` (rank 0 makes one and hands it to every rank)."""
-        uid = UniqueIdStruct()
-        status = self.ncclGetUniqueId(ctypes.byref(uid))
-        if status != Result.ncclSuccess:
-            from ._status import error_for
-
-            raise error_for(status, "ncclGetUniqueId", library=self)
-        return bytes(ctypes.string_at(ctypes.addressof(uid), UNIQUE_ID_BYTES))
-
-
 def _wheel_candidates() -> list[Path]:
     try:
         spec = importlib.util.find_spec("nvidia.nccl")
@@ -373,13 +361,3 @@ def is_available() -> bool:
 def nccl_version() -> tuple[int, int, int]:
     """The loaded NCCL's ``(major, minor, patch)``, e.g. ``(2, 32, 3)``."""
     return load_library().version
-
-
-def get_unique_id() -> bytes:
-    """A new ``ncclUniqueId`` as :data:`UNIQUE_ID_BYTES` bytes (works without a GPU).
-
-    Example::
-
-        uid = get_unique_id()      # rank 0; send these 128 bytes to every rank
-    """
-    return load_library().unique_id()

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from . import _cuda
 
-if TYPE_CHECKING:
-    from ._communicator import NcclCommunicator
-
 __all__ = ["NcclWork"]
+
+
+class Waiter(Protocol):
+    """What a work waits through: its communicator, which polls NCCL's errors beside ``done``."""
+
+    def wait_until(self, done: Callable[[], bool], operation: str, timeout: float | None = None) -> None: ...
 
 
 class NcclWork:
@@ -20,7 +24,7 @@ class NcclWork:
     later ``wait()``.
     """
 
-    def __init__(self, communicator: NcclCommunicator, event: int, operation: str, timeout: float) -> None:
+    def __init__(self, communicator: Waiter, event: int, operation: str, timeout: float) -> None:
         self._communicator = communicator
         self._event: int | None = event
         self._operation = operation
