@@ -80,6 +80,9 @@ SOURCES: dict[str, Source] = {
     "ddp": Source(("python", "bench/ddp/run.py", "--rounds", "3", "--json", "{json}"), needs="torch"),
     "torch_suite": Source(("python", "bench/torch/suite.py", "--ranks", "4", "--json", "{json}"), needs="torch"),
     "kernels": Source(("python", "bench/core/kernels.py", "--inplace", "--json", "{json}")),
+    "crowded": Source(
+        ("python", "bench/crowded.py", "--figures", "--json", "{json}"), runs=3, needs="torch and mpi4py"
+    ),
     "two_nodes": Source(
         (
             "sudo", "python", "bench/levels/run.py", "--rate", "10gbit", "--sizes", "4K,64K,1M,64M",
@@ -403,6 +406,50 @@ def _kernels() -> str:
             f"{row['ferrodist'] / row['floor']:.2f} |"
         )
     return "\n".join(lines) + "\n\n" + provenance("kernels") + "\n"
+
+
+@renderer("crowded")
+def _crowded() -> str:
+    """The small call in each crowd against mpi4py and Gloo, and the communication-bound DDP
+    step against Gloo in the crowded ones: medians over the runs, the slowest and fastest run
+    of the small call beside them."""
+    runs = load("crowded")["runs"]
+    lines = [
+        "| 4 KiB all_reduce | shm | mpi4py | Gloo | mpi4py / shm | runs of shm | runs of mpi4py |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for crowd in runs[0]["small_call"]:
+        sweeps = [run["small_call"][crowd]["records"] for run in runs]
+        times = {
+            lib: [r["seconds"] for records in sweeps for r in records if r["library"] == lib and r["bytes"] == 4096]
+            for lib in ("ferrodist:shm", "mpi4py", "gloo")
+        }
+        shm, mpi, gloo = (median(times[lib]) if times[lib] else None for lib in ("ferrodist:shm", "mpi4py", "gloo"))
+        if shm is None:
+            continue
+
+        def spread(values: list[float]) -> str:
+            return f"{duration(min(values))} - {duration(max(values))}" if values else "-"
+
+        cells = [crowd, duration(shm), duration(mpi) if mpi else "-", duration(gloo) if gloo else "-"]
+        cells += [ratio(mpi / shm) if mpi else "-", spread(times["ferrodist:shm"]), spread(times["mpi4py"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| DDP, batch 8 per rank | Gloo | ferrodist DDP, shm | vs Gloo | ferrodist DDP, tcp | vs Gloo |",
+        "|---|---|---|---|---|---|",
+    ]
+    for crowd in runs[0]["ddp"]:
+        steps: dict[str, list[float]] = {}
+        for run in runs:
+            for batch in run["ddp"][crowd].values():
+                for name, values in batch.items():
+                    steps.setdefault(name, []).extend(values)
+        gloo, shm, tcp = (median(steps[n]) for n in ("torch DDP, Gloo", "ferrodist DDP, shm", "ferrodist DDP, tcp"))
+        lines.append(
+            f"| {crowd} | {duration(gloo)} | {duration(shm)} | {ratio(gloo / shm)} | {duration(tcp)} | {ratio(gloo / tcp)} |"
+        )
+    return "\n".join(lines) + "\n\n" + provenance("crowded") + "\n"
 
 
 def _two_nodes_times(runs: Sequence[dict[str, Any]]) -> dict[tuple[str, int], float]:

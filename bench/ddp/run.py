@@ -1,7 +1,8 @@
 """The DDP step benchmark: ferrodist's DDP against PyTorch's DDP over Gloo and against the
 compute floor, same model and data, one table.
 
-    python bench/ddp/run.py [--rounds 3] [--json out.json]
+    python bench/ddp/run.py [--rounds 3] [--configs "ferrodist DDP, shm;ferrodist DDP, tcp"] [--batches small]
+                            [--json out.json]
 
 A 25.2 M-parameter MLP (torch, float32, one thread per rank), SGD with momentum. Two batch
 sizes per rank: 8 (communication-bound: 100 MB of gradients per step against little
@@ -74,11 +75,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--configs",
+        help="run only these configurations, by name, separated by ';' (the one-rank floor and Gloo always "
+        "run: the ratios need them)",
+    )
+    parser.add_argument(
+        "--batches", help="run only the batch sizes whose names start with one of these words (small, large)"
+    )
     args = parser.parse_args()
-    results: dict[str, dict[str, list[float]]] = {b: {c[0]: [] for c in CONFIGS} for b in BATCHES}
+    names = {n.strip() for n in (args.configs or "").split(";") if n.strip()}
+    unknown = names - {c[0] for c in CONFIGS}
+    if unknown:
+        parser.error(f"unknown configurations {sorted(unknown)}; there are: {'; '.join(c[0] for c in CONFIGS)}")
+    configs = [c for c in CONFIGS if not names or c[0] in (ONE_RANK, GLOO) or c[0] in names]
+    kinds = [w.strip() for w in (args.batches or "").split(",") if w.strip()]
+    batches = {b: v for b, v in BATCHES.items() if not kinds or any(b.startswith(k) for k in kinds)}
+    results: dict[str, dict[str, list[float]]] = {b: {c[0]: [] for c in configs} for b in batches}
     for r in range(args.rounds):
-        for batch_name, (batch, steps) in BATCHES.items():
-            for name, engine, ranks, options in CONFIGS:
+        for batch_name, (batch, steps) in batches.items():
+            for name, engine, ranks, options in configs:
                 seconds = run(engine, ranks, batch, steps, dict(options))
                 results[batch_name][name].append(seconds)
                 print(

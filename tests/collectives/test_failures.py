@@ -130,8 +130,9 @@ def test_an_error_from_other_code_inside_a_call_fails_the_call_on_every_rank(mon
 
 
 def test_a_group_aborted_before_a_ranks_first_call_says_so():
-    """A peer's failure reaching a rank that has made no call on the group yet is worded
-    as such (it once read "after its call #-1")."""
+    """A peer's failure reaching a rank that has made no collective on the group yet is worded
+    as such (it once read "after its call #-1"), and not as if the rank had made no call at
+    all (a pipeline's stages make point-to-point calls only)."""
 
     def rank_main():
         if dist.get_rank() == 0:
@@ -144,7 +145,7 @@ def test_a_group_aborted_before_a_ranks_first_call_says_so():
         return str(caught.value)
 
     message = run_world(2, rank_main)[1]
-    assert "#-1" not in message and "before its first call" in message, message
+    assert "#-1" not in message and "group world before its first collective there" in message, message
 
 
 def test_a_timeout_names_the_missing_rank_before_the_healthy_peer_it_waited_on():

@@ -91,3 +91,28 @@ def test_a_rank_whose_receive_was_stopped_by_another_failure_passes_its_wait_on(
     error = timeout(3, 2)
     _failure.name_the_holdup(heard, 5, 3, error)
     assert error.waiting_for == (1,) and "(rank 2 for rank 1); rank 1 sent no word" in error.message
+
+
+class HeardAndGone(Heard):
+    """A transport as the census sees it: notices, and the peers whose connection ended."""
+
+    def __init__(self, notices: dict[int, Notice], gone: set[int]) -> None:
+        super().__init__(notices)
+        self._gone = frozenset(gone)
+
+    def gone(self) -> frozenset[int]:
+        return self._gone
+
+
+def test_the_census_names_a_rank_that_left_before_a_slow_one():
+    """On a crowded machine a healthy rank may answer after the grace; a rank whose connection
+    ended is the one to blame, and alone (it once was blamed together with the slow one, in
+    rank order, so the slow rank came first)."""
+    transport = HeardAndGone({2: Notice(7, None)}, gone={3})
+    clause, blamed = _failure.census(transport, 5, 0, [0, 1, 2, 3], 7)
+    assert blamed == [3]
+    assert clause.startswith(
+        "rank 3 left the job: its connection ended (exited, crashed or killed); no word yet from rank 1"
+    )
+    clause, blamed = _failure.census(HeardAndGone({}, gone=set()), 5, 0, [0, 1, 2], 7)
+    assert blamed == [1, 2] and clause.startswith("no word from ranks [1, 2]: they never reached call #7")

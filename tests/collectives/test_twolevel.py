@@ -30,13 +30,15 @@ from ferrodist.collectives import (
     reduce,
     reduce_scatter,
 )
-from ferrodist.collectives._twolevel import SMALL_BYTES
+from ferrodist.collectives._levels import Nodes
+from ferrodist.collectives._twolevel import SMALL_BYTES, Levels, in_global_ranks
 from ferrodist.core import (
     CollectiveMismatch,
     CollectiveTimeout,
     FerrodistError,
     GroupAborted,
     InvalidArgument,
+    PeerLost,
 )
 from ferrodist.testing import assert_reduced, run_world
 
@@ -299,6 +301,40 @@ def test_a_rank_that_dies_fails_every_rank_naming_it_and_its_node(count):
     assert any("rank 3 runs on node 1 with ranks [2, 3]" in str(seen[r][0][0]) for r in (0, 1, 2)), [
         str(seen[r][0][0]) for r in (0, 1, 2)
     ]
+
+
+def test_an_error_inside_a_node_names_every_rank_by_its_global_number():
+    """The node's transport numbers its ranks 0..L-1: its messages reach the caller with the
+    global numbers (on node 1 of ranks [2, 3], local rank 1 is rank 3; rank 1 is alive on
+    node 0 and must not be named)."""
+
+    class World:
+        rank = 2
+
+    levels = Levels(Nodes.from_places([(0, 0), (0, 1), (1, 0), (1, 1)]), World(), 0, None)  # type: ignore[arg-type]
+    lost = PeerLost("rank 1 went away without closing its transport (it exited, crashed or was killed)", peer=1, rank=0)
+    lost = lost.with_context("rank 0: a peer was lost during a shared-memory collective")
+    error = levels._globally(lost)
+    assert str(error) == (
+        "inside node 1 (ranks [2, 3]): rank 2: a peer was lost during a shared-memory collective: rank 3 went away "
+        "without closing its transport (it exited, crashed or was killed)"
+    )
+    assert (error.peer, error.rank) == (3, 2)
+    # Local rank 0 (rank 2) left after a failure of the world, which it passes on in global
+    # ranks: rank 1 of node 0 was lost. Those words and that culprit stay as they are.
+    world_failure = "rank 0: barrier #4 on group world (group rank 0 of 4): rank 1 went away (rank 1 runs on node 0)"
+    passed = PeerLost(f"rank 0 closed its transport after a failure there: {world_failure}", peer=1, rank=1)
+    passed.told_by = 0  # type: ignore[attr-defined]
+    levels = Levels(Nodes.from_places([(0, 0), (0, 1), (1, 0), (1, 1)]), type("W", (), {"rank": 3})(), 0, None)  # type: ignore[arg-type]
+    error = levels._globally(passed)
+    assert (
+        str(error)
+        == f"inside node 1 (ranks [2, 3]): rank 2 closed its transport after a failure there: {world_failure}"
+    )
+    assert (error.peer, error.rank) == (1, 3)
+    assert in_global_ranks("ranks [0, 1] did not map it; group rank 1 and local rank 0 stay; rank 7", [4, 6]) == (
+        "ranks [4, 6] did not map it; group rank 1 and local rank 0 stay; rank 7"
+    )
 
 
 def test_a_rank_that_stays_away_times_out_every_rank_within_the_deadline_and_is_blamed():

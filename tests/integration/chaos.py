@@ -157,11 +157,53 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def load() -> float:
+    """The machine's load: runnable processes, averaged over the last minute."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def runnable() -> int:
+    """Threads runnable right now, this process's included (the load's source, without its lag)."""
+    return int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+
+
+class Hog:
+    """``count`` processes that keep a core busy each (at ``nice``), for the time of a
+    ``with`` block: a crowded machine, as a shared CI runner or cluster node is."""
+
+    def __init__(self, count: int, nice: int = 0) -> None:
+        self.count, self.nice = count, nice
+        self._processes: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> Hog:
+        # Each busy process checks now and then that the test still runs (a killed test run
+        # leaves none behind).
+        spin = (
+            f"import os; os.nice({self.nice}); parent = os.getppid()\n"
+            "while os.getppid() == parent:\n    for _ in range(200000): pass"
+        )
+        self._processes = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(self.count)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self._processes:
+            process.kill()
+        for process in self._processes:
+            process.wait()
+
+
+def hog_from_environment() -> Hog:
+    """``FERRODIST_CHAOS_HOG`` busy processes (default 0: none)."""
+    return Hog(int(os.environ.get("FERRODIST_CHAOS_HOG", "0") or 0))
+
+
 def run_schedule(schedule: dict[str, Any], outdir: Path) -> list[str]:
-    """Run one schedule; the invariant's violations, as sentences (empty: none)."""
+    """Run one schedule; the invariant's violations, as sentences (empty: none), each with
+    the machine's load when the schedule started (``schedule["load"]`` says it too)."""
     outdir.mkdir(parents=True, exist_ok=True)
     before = shm_files()
     seed = schedule["seed"]
+    schedule["load"], schedule["runnable"] = load(), runnable()
     processes = _start(schedule, outdir)
     deadline = time.monotonic() + JOB_LIMIT
     violations = []
@@ -185,7 +227,8 @@ def run_schedule(schedule: dict[str, Any], outdir: Path) -> list[str]:
     if left:
         violations.append(f"seed {seed}: files left in /dev/shm: {sorted(left)}")
     violations += check_logs(schedule, outdir)
-    return violations
+    said = f"[load {schedule['load']:.1f}, {schedule['runnable']} runnable at the start]"
+    return [f"{violation} {said}" for violation in violations]
 
 
 def check_duplicate(schedule: dict[str, Any], outdir: Path) -> tuple[list[str], set[int]]:

@@ -1,8 +1,10 @@
 """The chaos suite: random collectives under random faults in real processes, every
 result and every error checked (see chaos.py for the schedules and the invariant).
 
-CI runs ``FERRODIST_CHAOS_SCHEDULES`` schedules (default 24) from seed
-``FERRODIST_CHAOS_SEED`` (default 0); ``make chaos`` runs 500.
+CI runs ``FERRODIST_CHAOS_SCHEDULES`` schedules (default 20) from seed
+``FERRODIST_CHAOS_SEED`` (default 0); ``make chaos`` runs 500. ``FERRODIST_CHAOS_HOG=8`` runs
+them beside 8 busy processes (a load of about 10 on 2 cores). Each schedule's line says the
+load it ran at. A second test always runs schedules beside busy processes.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chaos import make_schedule, run_schedule
+from chaos import Hog, hog_from_environment, load, make_schedule, run_schedule
 
-SCHEDULES = int(os.environ.get("FERRODIST_CHAOS_SCHEDULES", "24"))
+SCHEDULES = int(os.environ.get("FERRODIST_CHAOS_SCHEDULES", "20"))
 FIRST_SEED = int(os.environ.get("FERRODIST_CHAOS_SEED", "0"))
 
 
@@ -26,18 +28,54 @@ def test_random_faults_never_give_a_wrong_result_or_a_late_error(tmp_path):
     started = time.monotonic()
     violations: list[str] = []
     kinds: dict[str, int] = {}
-    for seed in range(FIRST_SEED, FIRST_SEED + SCHEDULES):
-        schedule = make_schedule(seed)
-        key = f"{schedule['fault']['kind']}/{schedule['backend']}/{schedule['launch']}"
-        key += "/cold" if schedule["cold"] else ""
-        key += "/nodes" if schedule.get("nodes") else ""
-        kinds[key] = kinds.get(key, 0) + 1
-        violations += run_schedule(schedule, tmp_path / f"s{seed}")
+    loads: list[float] = []
+    with hog_from_environment() as hog:
+        for seed in range(FIRST_SEED, FIRST_SEED + SCHEDULES):
+            schedule = make_schedule(seed)
+            key = _kind(schedule)
+            kinds[key] = kinds.get(key, 0) + 1
+            found = run_schedule(schedule, tmp_path / f"s{seed}")
+            loads.append(schedule["load"])
+            said = f"load {schedule['load']:.1f} ({schedule['runnable']} runnable)"
+            print(f"seed {seed} {key}: {said}, {len(found)} violations", flush=True)
+            violations += found
     took = time.monotonic() - started
     print(
-        f"\nchaos: {SCHEDULES} schedules (seeds {FIRST_SEED}..{FIRST_SEED + SCHEDULES - 1}) in {took:.0f} s, "
-        f"{len(violations)} violations; by fault/backend/launch: {dict(sorted(kinds.items()))}"
+        f"\nchaos: {SCHEDULES} schedules (seeds {FIRST_SEED}..{FIRST_SEED + SCHEDULES - 1}) in {took:.0f} s "
+        f"beside {hog.count} busy processes, load {min(loads):.1f}..{max(loads):.1f}, {len(violations)} violations; "
+        f"by fault/backend/launch: {dict(sorted(kinds.items()))}"
     )
+    assert not violations, "\n".join(violations)
+
+
+def _kind(schedule: dict) -> str:
+    key = f"{schedule['fault']['kind']}/{schedule['backend']}/{schedule['launch']}"
+    key += "/cold" if schedule["cold"] else ""
+    return key + ("/nodes" if schedule.get("nodes") else "")
+
+
+#: Schedules that failed on a machine kept at a load of 9-11 when the start shared the calls'
+#: 2 s deadline, or the census named slow ranks: cold shm starts, a cold two-level start, a
+#: kill and an exception on shm, a kill on two levels.
+CROWDED_SEEDS = (7004, 7064, 7011, 7074, 7002)
+
+
+@pytest.mark.timeout(600)
+def test_random_faults_on_a_crowded_machine(tmp_path):
+    """Schedules beside four busy processes per core (on 2 cores, with a schedule's ranks,
+    about 10 runnable threads): the same invariant holds, and every error still comes within
+    its deadline plus the slack."""
+    violations: list[str] = []
+    with Hog(4 * len(os.sched_getaffinity(0))):
+        time.sleep(5)  # the busy processes are runnable before the first schedule starts
+        for seed in CROWDED_SEEDS:
+            schedule = make_schedule(seed)
+            if seed == 7011:
+                schedule["cold"] = True  # a kill while the kernels compile under load
+            found = run_schedule(schedule, tmp_path / f"s{seed}")
+            said = f"load {schedule['load']:.1f} ({schedule['runnable']} runnable), then {load():.1f}"
+            print(f"seed {seed} {_kind(schedule)}: {said}, {len(found)} violations", flush=True)
+            violations += found
     assert not violations, "\n".join(violations)
 
 

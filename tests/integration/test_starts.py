@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import free_port
+from _helpers import communicate_all, free_port
 
 SCRIPT = Path(__file__).parent / "scripts" / "starts.py"
 #: A bad start must fail on every rank within this many seconds (the timeout is 300 s).
@@ -178,3 +178,58 @@ def test_a_stopped_store_costs_a_collective_its_timeout_and_the_census_grace(tmp
     assert errors[0]["class"] == "CollectiveTimeout", errors
     # all_reduce(timeout=5), then at most 1 s asking the store which ranks are late.
     assert errors[0]["seconds"] < 5 + 1 + 0.5, errors
+
+
+_SLOW_START = """
+import sys, time
+import numpy as np
+import ferrodist.collectives as dist
+backend, late, init_timeout = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+time.sleep(late)
+started = time.monotonic()
+try:
+    dist.init_process_group(backend, timeout=1.0, init_timeout=float(init_timeout) if init_timeout != "-" else None)
+except Exception as exc:
+    print(f"{type(exc).__name__} after {time.monotonic() - started:.1f} s: {exc}")
+    raise SystemExit(1)
+x = np.full(4, dist.get_rank() + 1.0)
+dist.all_reduce(x)
+print("sum", x[0])
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", ["tcp-started-3s-apart", "shm-cold-cache", "tcp-init_timeout-given"])
+def test_the_start_has_its_own_deadline_not_the_calls_timeout(tmp_path, case):
+    """A call timeout of 1 s does not bound the start: ranks a crowded machine starts seconds
+    apart, or waits compiling on an empty Numba cache, still start (the start's deadline is
+    the larger of the timeout and 60 s); an ``init_timeout`` given is the start's deadline."""
+    backend = case.split("-")[0]
+    lates = {"tcp-started-3s-apart": (0, 3), "shm-cold-cache": (0, 0), "tcp-init_timeout-given": (0, 6)}[case]
+    init_timeout = "1.5" if case == "tcp-init_timeout-given" else "-"
+    env = {k: v for k, v in os.environ.items() if k not in _PLACE}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    env.update(FERRODIST_TOKEN="slow-start")
+    env.pop("FERRODIST_INIT_TIMEOUT", None)
+    if case == "shm-cold-cache":
+        env.update(NUMBA_CACHE_DIR=str(tmp_path / "empty-cache"))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SLOW_START, backend, str(late), init_timeout],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank, late in enumerate(lates)
+    ]
+    outputs = communicate_all(procs, timeout=150)
+    if case != "tcp-init_timeout-given":
+        for rank, out in enumerate(outputs):
+            assert procs[rank].returncode == 0 and "sum 3.0" in out, (rank, out)
+        return
+    first = outputs[0]
+    assert procs[0].returncode == 1 and first.startswith("CollectiveTimeout after "), first
+    assert "ranks [1] never connected" in first, first
+    assert float(first.split()[2]) < 1.5 + 3, first  # the start's own deadline, not 60 s

@@ -1,48 +1,105 @@
 """The shared-memory transport's sizing from the machine: how long a wait spins (long while
 the machine has a core for every runnable thread, short when threads queue for cores,
-measured from /proc/loadavg) and how large a slot is (half a core's L2 cache)."""
+longer still where those beyond the cores are niced processes, measured from /proc) and how
+large a slot is (half a core's L2 cache)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
 
 import pytest
 
 from ferrodist.transport import _spin
-from ferrodist.transport._spin import LONG_SPINS, SHORT_SPINS, SpinPolicy, runnable_threads
+from ferrodist.transport._spin import (
+    LONG_SPINS,
+    NICED_SPINS,
+    SHORT_SPINS,
+    SpinPolicy,
+    niced_running,
+    runnable_threads,
+)
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/loadavg is Linux's")
+@linux
 def test_runnable_threads_counts_at_least_the_caller():
     count = runnable_threads()
     assert count is not None and count >= 1
 
 
+@linux
+def test_a_busy_process_at_nice_19_is_counted_as_niced():
+    spin = "import os, time; os.nice(19); end = time.monotonic() + 20\nwhile time.monotonic() < end: pass"
+    busy = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        deadline = time.monotonic() + 10
+        while niced_running() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert niced_running() >= 1
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+class Machine:
+    """What the policy reads, set by the test: runnable threads and niced running processes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, running: int, niced: int = 0) -> None:
+        self.running, self.niced, self.scans = running, niced, 0
+        monkeypatch.setattr(_spin, "runnable_threads", lambda: self.running)
+        monkeypatch.setattr(_spin, "niced_running", self._scan)
+        monkeypatch.setattr(_spin, "RECOUNT", 0.0)  # count again at every wait
+
+    def _scan(self) -> int:
+        self.scans += 1
+        return self.niced
+
+
 def test_waits_spin_long_only_while_every_runnable_thread_has_a_core(monkeypatch):
-    running = [2]
-    monkeypatch.setattr(_spin, "runnable_threads", lambda: running[0])
-    monkeypatch.setattr(_spin, "RECOUNT", 0.0)  # count again at every wait
+    machine = Machine(monkeypatch, running=2)
     policy = SpinPolicy(world=2, cores=2)
     assert policy.spins() == LONG_SPINS
-    running[0] = 3  # a third thread (a DDP backward beside two ranks' waits) wants a core
-    assert policy.spins() == SHORT_SPINS
-    running[0] = 1
+    machine.running = 3  # a third thread (a DDP backward beside two ranks' waits) wants a core
+    assert policy.spins() == LONG_SPINS  # once: maybe a thread that woke for a moment
+    assert policy.spins() == SHORT_SPINS  # twice in a row: it stays
+    machine.running = 2
     assert policy.spins() == LONG_SPINS
     monkeypatch.setattr(_spin, "runnable_threads", lambda: None)  # unreadable: as before, long
     assert policy.spins() == LONG_SPINS
 
 
-def test_the_count_is_reused_between_recounts(monkeypatch):
-    counted = []
-    monkeypatch.setattr(_spin, "runnable_threads", lambda: counted.append(1) or 5)
-    monkeypatch.setattr(_spin, "RECOUNT", 3600.0)
-    policy = SpinPolicy(world=2, cores=4)
-    assert [policy.spins() for _ in range(100)] == [SHORT_SPINS] * 100
-    assert len(counted) == 1  # a wait reads the machine's load at most once per RECOUNT
+def test_beside_niced_processes_small_waits_spin_longer_and_bulk_ones_sleep(monkeypatch):
+    """Busy processes at nice 19 take the cores only while the ranks let them: a rank that
+    sleeps lets them in and loses its core's place, so a call of one chunk spins through
+    (``NICED_SPINS``); a transfer of many chunks sleeps at once in its waits, which is when
+    they run instead of taking a core from a rank that copies."""
+    machine = Machine(monkeypatch, running=3, niced=1)
+    policy = SpinPolicy(world=2, cores=2)
+    assert [policy.spins() for _ in range(3)] == [NICED_SPINS] * 3
+    assert policy.spins(bulk=True) == SHORT_SPINS
+    machine.running = 2  # a rank asleep for a moment: the niced process still counts
+    assert policy.spins() == NICED_SPINS
+    machine.running, machine.niced = 4, 1  # and a thread of nice 0 beyond the cores
+    policy = SpinPolicy(world=2, cores=2)
+    assert [policy.spins() for _ in range(2)] == [NICED_SPINS, SHORT_SPINS]
+
+
+def test_niced_processes_are_counted_once_a_second_and_only_on_a_full_machine(monkeypatch):
+    machine = Machine(monkeypatch, running=2, niced=1)
+    policy = SpinPolicy(world=2, cores=2)
+    assert [policy.spins() for _ in range(50)] == [LONG_SPINS] * 50
+    assert machine.scans == 0  # every runnable thread had a core: nothing to count
+    machine.running = 3
+    assert [policy.spins() for _ in range(50)] == [NICED_SPINS] * 50
+    assert machine.scans == 1  # at most once per RECOUNT_NICED
 
 
 def test_more_ranks_than_cores_or_a_fixed_count_need_no_measurement(monkeypatch):
     monkeypatch.setattr(_spin, "runnable_threads", lambda: pytest.fail("measured"))
+    monkeypatch.setattr(_spin, "niced_running", lambda: pytest.fail("measured"))
     assert SpinPolicy(world=8, cores=2).spins() == SHORT_SPINS
     assert SpinPolicy(world=2, fixed=123, cores=2).spins() == 123
 

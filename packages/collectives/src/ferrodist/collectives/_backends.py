@@ -45,10 +45,17 @@ _MEANING = {
 
 
 def make_transport(
-    backend: str, init_method: str | None, rank: int | None, world_size: int | None, timeout: float
+    backend: str,
+    init_method: str | None,
+    rank: int | None,
+    world_size: int | None,
+    timeout: float,
+    start_timeout: float | None = None,
 ) -> tuple[Transport, bool]:
     """This rank's transport for ``backend``, and whether the world group should run over two
-    levels (``"levels"``, which ``auto`` picks for jobs over several hosts)."""
+    levels (``"levels"``, which ``auto`` picks for jobs over several hosts). The transport
+    waits ``timeout`` by default; its start may take ``start_timeout`` (default: ``timeout``)."""
+    start = timeout if start_timeout is None else start_timeout
     info = None
     if backend in _READS_ENV:
         try:
@@ -94,13 +101,13 @@ def make_transport(
     if backend in ("tcp", "shm"):
         rank, world_size, addr, port = _where(info, rank, world_size, init_method)
         kind = ShmTransport if backend == "shm" else TcpTransport
+        # Under torchrun the job starts through its agent's store; else rank 0 hosts ferrodist's.
+        through: dict[str, Any] = {"master_port": port}
         if init_method in (None, "env://") and under_torchrun():
-            kv = _torchrun_store(addr, port, timeout)
-            transport = kind.connect(rank=rank, world_size=world_size, master_addr=addr, rendezvous=kv, timeout=timeout)
-        else:
-            transport = kind.connect(
-                rank=rank, world_size=world_size, master_addr=addr, master_port=port, timeout=timeout
-            )
+            through = {"rendezvous": _torchrun_store(addr, port, start)}
+        transport = kind.connect(
+            rank=rank, world_size=world_size, master_addr=addr, timeout=timeout, start_timeout=start, **through
+        )
         if info is not None and info.local_world_size:
             transport.share_host(info.local_world_size)  # waits give the core away where ranks outnumber cores
         return transport, levels

@@ -7,8 +7,9 @@
    ``ferrodist.transport._aborts``), and later calls on this rank raise ``GroupAborted``.
 3. After a timeout (here, or in the notice that aborted this rank's call), the census:
    every member whose call fails sends a notice, so for ``GRACE`` seconds this rank
-   listens for them. The members it heard from were alive and in the call; the silent
-   ones never reached it, or are stopped or stuck: they are the ones the error names.
+   listens for them. The members it heard from were alive and in the call; those whose
+   connection ended are gone, and the error names them alone; else the silent ones never
+   reached it, or are stopped or stuck: they are the ones the error names.
    No store is asked, so a frozen rank 0 costs nothing more than its silence.
 """
 
@@ -45,25 +46,34 @@ def framed(exc: FerrodistError, context: str, rank: int, operation: str) -> Ferr
 
 def census(transport: Transport, channel: int, me: int, members: Sequence[int], seq: int) -> tuple[str, list[int]]:
     """Listen up to ``GRACE`` seconds for the other members' notices; what they tell about
-    call ``seq``, as a clause for the timeout's message, and the members to blame: the
-    silent ones and those that had not reached the call (their notice says where they were:
-    a rank between calls answers at once, see ``Runner._respond``)."""
+    call ``seq``, as a clause for the timeout's message, and the members to blame. First the
+    members the transport knows are gone (their connection ended: on a crowded machine a
+    healthy rank may answer later than the grace, a dead one never will), else the silent
+    ones and those that had not reached the call (their notice says where they were: a rank
+    between calls answers at once, see ``Runner._respond``)."""
     others = [rank for rank in members if rank != me]
     deadline = time.monotonic() + GRACE
-    heard = transport.notices(channel)
-    while any(rank not in heard for rank in others) and time.monotonic() < deadline:
+    heard, lost = transport.notices(channel), transport.gone()
+    while any(rank not in heard and rank not in lost for rank in others) and time.monotonic() < deadline:
         time.sleep(0.01)
-        heard = transport.notices(channel)
-    silent = [rank for rank in others if rank not in heard]
+        heard, lost = transport.notices(channel), transport.gone()
+    gone = [rank for rank in others if rank in lost and rank not in heard]
+    silent = [rank for rank in others if rank not in heard and rank not in lost]
     behind = {rank: notice.seq for rank, notice in heard.items() if notice.seq < seq and rank in others}
     # A rank still inside an earlier call (it failed that call itself) is held up there by
     # someone else: blame it only when there is nobody else to blame.
     stuck = {rank for rank in behind if not heard[rank].between}
     held = {rank: notice.earlier for rank, notice in heard.items() if notice.earlier}
     parts = []
+    if gone:
+        parts.append(
+            f"rank{'s' if len(gone) > 1 else ''} {gone[0] if len(gone) == 1 else gone} left the job: "
+            f"{'their connections' if len(gone) > 1 else 'its connection'} ended (exited, crashed or killed)"
+        )
     if silent:
         parts.append(
-            f"no word from rank{'s' if len(silent) > 1 else ''} {silent[0] if len(silent) == 1 else silent}: "
+            f"no word {'yet ' if gone else ''}from rank{'s' if len(silent) > 1 else ''} "
+            f"{silent[0] if len(silent) == 1 else silent}: "
             f"{'they' if len(silent) > 1 else 'it'} never reached call #{seq} or stopped inside it "
             "(stopped, hung, or busy outside this group's calls)"
         )
@@ -75,8 +85,10 @@ def census(transport: Transport, channel: int, me: int, members: Sequence[int], 
         parts.append(f"rank {rank} never reached call #{seq} ({where})")
     for rank, earlier in sorted(held.items()):
         parts.append(f"rank {rank} was held up by an earlier failure there: {earlier}")
-    if not silent and not behind and not held:
+    if not gone and not silent and not behind and not held:
         parts.append(f"every rank reached call #{seq}, so a transfer inside it is stuck or too slow for the timeout")
+    if gone:
+        return "; ".join(parts), gone
     blamed = silent + [rank for rank in behind if rank not in stuck]
     return "; ".join(parts), sorted(blamed or list(behind))
 

@@ -140,19 +140,22 @@ class LevelsPlan:
         )
 
 
-def discover_nodes(group: ProcessGroup, env: Mapping[str, str] | None = None, host: str | None = None) -> Nodes:
+def discover_nodes(
+    group: ProcessGroup, env: Mapping[str, str] | None = None, host: str | None = None, timeout: float | None = None
+) -> Nodes:
     """Which node each rank of ``group`` runs on, the same answer on every rank (a collective).
 
     The launcher's node number where every rank has one (``GROUP_RANK`` or ``NODE_RANK``
     from ``ferrodist run`` and torchrun, ``SLURM_NODEID``; each rank reads the first that is
     set in ``env``, this process's environment by default), else the host each rank runs
     on (``this_host()``, or ``host``). Nodes are numbered in the order of their first rank,
-    and a node's local ranks in the order of their global ranks.
+    and a node's local ranks in the order of their global ranks. ``timeout``: the
+    collective's (default: the group's).
     """
     env = os.environ if env is None else env
     node = next((env[name] for name in NODE_VARIABLES if env.get(name, "").strip()), None)
     everyone: list[tuple[str | None, str]] = [("", "")] * group.size
-    all_gather_object(group, everyone, (node, host if host is not None else this_host()))
+    all_gather_object(group, everyone, (node, host if host is not None else this_host()), timeout=timeout)
     by_launcher = all(mine is not None for mine, _ in everyone)
     keys = [str(mine) if by_launcher else where for mine, where in everyone]
     numbers: dict[str, int] = {}

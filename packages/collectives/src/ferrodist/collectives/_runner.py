@@ -279,7 +279,8 @@ class Runner:
         me, at = self.transport.rank, order.turn - 1
         if seq == order.turn and isinstance(error, CollectiveMismatch):
             self._peer_failure = (seq, error)
-        when = f"after its call #{at}" if at >= 0 else "before its first call"
+        # Point-to-point calls (a pipeline's) are not numbered: "before its first collective".
+        when = f"after its call #{at}" if at >= 0 else "before its first collective there"
         context = f"rank {me}: group {self.name} {when} (group rank {self.rank} of {len(self.ranks)})"
         cause = _failure.framed(error, context, me, error.operation or "collective")
         order.block(_failure.blocked(cause, self.name, seq))

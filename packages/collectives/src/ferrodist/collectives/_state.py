@@ -6,6 +6,7 @@ process) is the default group of the thread that made it; any other is the proce
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
@@ -21,6 +22,9 @@ from ._device import requested_route
 from ._group import ProcessGroup
 from ._record import record_failure
 from ._timeouts import seconds
+
+#: The least time the start may take when neither ``init_timeout`` nor FERRODIST_INIT_TIMEOUT says.
+DEFAULT_INIT_TIMEOUT = 60.0
 
 _thread_default = threading.local()
 _process_default: list[ProcessGroup] = []  # zero or one element; a list so it can be cleared in place
@@ -91,6 +95,7 @@ def init_process_group(
     rank: int | None = None,
     world_size: int | None = None,
     timeout: float | timedelta = DEFAULT_TIMEOUT,
+    init_timeout: float | timedelta | None = None,
     transport: Transport | None = None,
     debug: bool | None = None,
     cuda_route: str | None = None,
@@ -110,6 +115,11 @@ def init_process_group(
             ``ferrodist.testing.run_world``).
         timeout: how long every collective, barrier and receive may wait by default:
             seconds, or a ``datetime.timedelta``.
+        init_timeout: how long this start may take: the ranks finding each other (ranks
+            that a crowded machine starts seconds apart), this rank's shared-memory waits
+            compiling or loading from Numba's cache, the two levels forming. Default:
+            ``FERRODIST_INIT_TIMEOUT`` seconds if set, else the larger of ``timeout`` and
+            60 s, so that a short ``timeout`` for the calls does not fail the start.
         transport: an already connected transport for this rank.
         debug: before every collective, check that all ranks are making the same call
             (operation, shape, dtype, op, root) and raise ``CollectiveMismatch`` listing
@@ -125,6 +135,7 @@ def init_process_group(
         The world ``ProcessGroup``; module-level functions use it when ``group=None``.
     """
     timeout = seconds(timeout, "init_process_group")
+    start_timeout = _init_timeout(init_timeout, timeout)
     if backend == "nccl":
         if cuda_route not in (None, "nccl"):
             raise InvalidArgument(
@@ -140,7 +151,7 @@ def init_process_group(
     built, levels = transport is None, False
     if transport is None:
         try:
-            transport, levels = make_transport(backend, init_method, rank, world_size, timeout)
+            transport, levels = make_transport(backend, init_method, rank, world_size, timeout, start_timeout)
         except FerrodistError as exc:
             record_failure(exc)  # for the launcher: a peer that never arrived, or this rank's own error
             raise
@@ -169,7 +180,7 @@ def init_process_group(
             cuda_route=route,
         )
         if levels:
-            _two_levels(world)
+            _two_levels(world, start_timeout)
         if threaded:
             _thread_default.group = world
         else:
@@ -177,11 +188,26 @@ def init_process_group(
     return world
 
 
-def _two_levels(world: ProcessGroup) -> None:
-    """The world of a job over several nodes: its two levels (a collective of every rank);
-    on failure, the world is closed and the error raised."""
+def _init_timeout(given: object, timeout: float) -> float:
+    """Seconds the start may take (see ``init_process_group``)."""
+    if given is not None:
+        return seconds(given, "init_process_group (init_timeout)")
+    named = os.environ.get("FERRODIST_INIT_TIMEOUT", "").strip()
+    if named:
+        try:
+            return seconds(float(named), "init_process_group (FERRODIST_INIT_TIMEOUT)")
+        except ValueError:
+            raise InvalidArgument(
+                f"init_process_group: FERRODIST_INIT_TIMEOUT={named!r} is not a number of seconds"
+            ) from None
+    return max(timeout, DEFAULT_INIT_TIMEOUT)
+
+
+def _two_levels(world: ProcessGroup, start_timeout: float) -> None:
+    """The world of a job over several nodes: its two levels (a collective of every rank,
+    within the start's ``start_timeout``); on failure, the world is closed and the error raised."""
     try:
-        _twolevel_start.enable(world)
+        _twolevel_start.enable(world, start_timeout)
     except BaseException as exc:
         world._shutdown(1.0)
         world.transport.close()

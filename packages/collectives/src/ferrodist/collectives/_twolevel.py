@@ -19,6 +19,7 @@ is named with its node and host.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +35,7 @@ from ._fingerprint import fingerprint
 from ._levels import LevelsPlan, Nodes, levels_plan
 from ._select import SMALL_MESSAGE_BYTES, all_reduce_algorithm
 
-__all__ = ["OPERATIONS", "PAIRS_BYTES", "PIECE_BYTES", "SMALL_BYTES", "Levels", "Steps"]
+__all__ = ["OPERATIONS", "PAIRS_BYTES", "PIECE_BYTES", "SMALL_BYTES", "Levels", "Steps", "in_global_ranks"]
 
 
 #: The operations the two levels run (the others run flat over the world's transport).
@@ -193,20 +194,24 @@ class Levels:
         return f"rank {rank} runs on node {node} with ranks {list(self.nodes.members[node])}{host}"
 
     def _globally(self, exc: FerrodistError) -> FerrodistError:
-        """An error of the node's transport (local ranks) in global ranks."""
+        """An error of the node's transport (local ranks) in global ranks. A peer of the node
+        that closed its transport after a failure passes that failure on in its own words (a
+        failure of the world: global ranks already), which stay as they are, culprit included."""
         members = self.members
         error = copy.copy(exc)
+        told_by = getattr(exc, "told_by", None)
         peer = getattr(exc, "peer", None)
-        if isinstance(peer, int) and 0 <= peer < len(members):
+        if isinstance(peer, int) and 0 <= peer < len(members) and (told_by is None or peer == told_by):
             error.peer = members[peer]  # type: ignore[attr-defined]
         waiting = getattr(exc, "waiting_for", ())
         if waiting:
             error.waiting_for = tuple(members[r] for r in waiting if 0 <= r < len(members))  # type: ignore[attr-defined]
         error.rank = self.me
-        names = ", ".join(f"{j} is rank {r}" for j, r in enumerate(members))
-        error.args = (
-            f"inside node {self.node}, whose ranks are numbered 0..{len(members) - 1} there ({names}): {exc.message}",
-        )
+        own, passed_on = exc.message, ""
+        if told_by is not None and _PASSED_ON in own:
+            own, passed_on = own.split(_PASSED_ON, 1)
+            passed_on = _PASSED_ON + passed_on
+        error.args = (f"inside node {self.node} (ranks {list(members)}): {in_global_ranks(own, members)}{passed_on}",)
         return error
 
     def close(self) -> None:
@@ -227,6 +232,30 @@ def swap(
     incoming = call.scratch.get(0, x.shape[0], x.dtype)
     world.sendrecv(x, peer, incoming, peer, tag, timeout=call.remaining(), fingerprint=fp)
     reduce(x, (incoming, x) if mine else (x, incoming), divisor)
+
+
+#: Where a node peer's message passes on the failure that made it leave (``_aborts.departure``).
+_PASSED_ON = " after a failure there: "
+#: "rank 1", "ranks [0, 1]" in a message of the node's transport (not "group rank 1", "local rank 1").
+_RANK_WORDS = re.compile(r"(?<![\w-])(?<!group )(?<!local )(ranks?) (\[[\d, ]*\]|\d+)(?!\w)")
+
+
+def in_global_ranks(text: str, members: Sequence[int]) -> str:
+    """``text``, a message of a node's transport (whose ranks are the node's, numbered 0..L-1),
+    with every rank it names by its global number: "rank 1 went away" inside the node of
+    ranks [2, 3] says "rank 3 went away"."""
+
+    def one(said: re.Match[str]) -> str:
+        word, number = said.group(1), said.group(2)
+        if number.startswith("["):
+            local = [int(part) for part in number[1:-1].split(",") if part.strip()]
+            if all(0 <= n < len(members) for n in local):
+                return f"{word} {[members[n] for n in local]}"
+            return said.group(0)
+        n = int(number)
+        return f"{word} {members[n]}" if 0 <= n < len(members) else said.group(0)
+
+    return _RANK_WORDS.sub(one, text)
 
 
 def _inner(exc: FerrodistError) -> bool:

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 __all__ = ["attach", "enable", "enable_given"]
 
 _log = logging.getLogger("ferrodist.collectives")
-#: The longest a node's ranks wait for each other to open their shared memory.
+#: The longest a node's ranks wait for each other to open their shared memory, unless the
+#: start is given longer.
 _NODE_START = 120.0
 
 
@@ -93,13 +94,16 @@ def _given(
     return nodes, ""
 
 
-def enable(world: ProcessGroup) -> Levels | None:
+def enable(world: ProcessGroup, start_timeout: float | None = None) -> Levels | None:
     """Give ``world`` (the world group of a job over tcp) its two levels when its ranks span
     several nodes and some node runs more than one: every rank learns where the ranks run
     (``discover_nodes``), the ranks of each node open their shared memory through the
     world's store, and all of them agree (a rank that could not makes every rank stay flat,
-    with a warning naming it). A collective of every rank; returns the levels, or None."""
-    nodes = discover_nodes(world)
+    with a warning naming it). A collective of every rank, whose waits (a node's shared
+    memory opening, its waits compiling) may take ``start_timeout`` (default: the world's
+    timeout); returns the levels, or None."""
+    start = world.timeout if start_timeout is None else start_timeout
+    nodes = discover_nodes(world, timeout=start)
     if len(nodes.members) < 2 or max(len(m) for m in nodes.members) < 2:
         _log.info("rank %d: %s: one rank per node, or one node: no second level", world.rank, nodes)
         return None
@@ -113,13 +117,14 @@ def enable(world: ProcessGroup) -> Levels | None:
                 rank=local,
                 world_size=size,
                 master_addr="127.0.0.1",
-                rendezvous=_Prefixed(world.transport.store, f"ferrodist/levels/node{node}/", world.timeout),
+                rendezvous=_Prefixed(world.transport.store, f"ferrodist/levels/node{node}/", start),
                 timeout=min(world.timeout, _NODE_START),
+                start_timeout=max(start, min(world.timeout, _NODE_START)),
             )
         except FerrodistError as exc:
             why = f"{type(exc).__name__}: {exc}"
     said: list[str] = [""] * world.size
-    all_gather_object(world, said, why)
+    all_gather_object(world, said, why, timeout=start)
     failed = [(rank, text) for rank, text in enumerate(said) if text]
     if failed:
         if inner is not None:

@@ -11,7 +11,6 @@ labels the ranks' output, and ``_nodes`` connects the launchers of a job that sp
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import glob
 import importlib
 import math
@@ -26,13 +25,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NamedTuple
 
 from ._nodes import DEFAULT_JOIN_TIMEOUT, DEFAULT_SILENCE, HEARTBEAT, Hub, Member, NodeFailure, Placement
 from ._output import Console
 from ._output import pump as _pump
+from ._spawn import die_with, start_rank
 from ._verdict import RankEnd, describe, diagnose, read_error, signal_name
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_JOIN_TIMEOUT", "DEFAULT_NODES_PORT", "JobResult", "run"]
@@ -42,7 +42,6 @@ DEFAULT_GRACE = 3.0
 #: Where node 0's launcher listens for the others' when ``--master-port`` is not given (torchrun's default).
 DEFAULT_NODES_PORT = 29500
 _MEMBER_EXTRA = 10.0  # a member waits this much longer than node 0 for the start: node 0 says why it failed
-_PR_SET_PDEATHSIG = 1
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -181,7 +180,9 @@ def run(
             failed = result.failed_rank is not None or lost
             if result.exit_code == 0 or not failed or restart >= max_restarts or signals.seen:
                 if failed and max_restarts and restart >= max_restarts and not signals.seen:
-                    console.line(f"ferrodist run: no restart left ({max_restarts} of {max_restarts} used): the job ends")
+                    console.line(
+                        f"ferrodist run: no restart left ({max_restarts} of {max_restarts} used): the job ends"
+                    )
                 return result
             restart += 1
             wait = f"; waiting up to {join_timeout:g} s for node {result.failed_node}'s launcher" if lost else ""
@@ -302,7 +303,7 @@ def _run_ranks(
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
     logs: list[BinaryIO | None] = []
-    setup = _die_with(os.getpid())
+    setup = die_with(os.getpid())
     watch: _Watch | None = None
     try:
         for local in range(placement.local_size):
@@ -327,7 +328,7 @@ def _run_ranks(
             )
             env.setdefault("PYTHONFAULTHANDLER", "1")  # a crash prints every thread's Python stack
             try:
-                procs.append(_start(argv, env, setup))
+                procs.append(start_rank(argv, env, setup))
             except OSError as exc:
                 if link is not None:
                     link.report(f"its launcher could not start {argv[0]!r} ({exc.strerror})")
@@ -395,35 +396,6 @@ def _invalid(message: str) -> Exception:
     so that starting the ranks does not wait for it."""
     errors = importlib.import_module("ferrodist.core")
     return errors.InvalidArgument(message)  # type: ignore[no-any-return]
-
-
-def _start(argv: list[str], env: dict[str, str], setup: Callable[[], None] | None) -> subprocess.Popen[bytes]:
-    """One rank, in its own process group, running ``setup`` (``_die_with``) before exec."""
-    return subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=setup
-    )
-
-
-def _die_with(launcher: int) -> Callable[[], None] | None:
-    """What a rank runs between fork and exec so the kernel kills it with SIGKILL when the
-    launcher dies (``PR_SET_PDEATHSIG``); ``None`` where the system has no such thing.
-
-    A launcher that died between the fork and the ``prctl`` would go unnoticed, so the rank
-    then checks that its parent is still the launcher."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    option, sigkill, zero = ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0)
-
-    def die_with_launcher() -> None:
-        prctl(option, sigkill, zero, zero, zero)
-        if os.getppid() != launcher:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return die_with_launcher
 
 
 class _Signals:

@@ -183,11 +183,9 @@ def departure(rank: int, peer: int, why: bytes) -> PeerLost:
     named = getattr(cause, "peer", None)
     waited = getattr(cause, "waiting_for", ())
     culprit = named if named is not None and named != peer else (waited[0] if waited else peer)
-    return PeerLost(
-        f"rank {peer} closed its transport after a failure there: {cause.notice}",
-        peer=culprit,
-        rank=rank,
-    )
+    lost = PeerLost(f"rank {peer} closed its transport after a failure there: {cause.notice}", peer=culprit, rank=rank)
+    lost.told_by = peer  # type: ignore[attr-defined]  # the messenger; its failure's words and culprit are its own
+    return lost
 
 
 def fresh(error: FerrodistError, context: str, awaited: int | None = None) -> FerrodistError:

@@ -112,7 +112,13 @@ class Arena:
 
     @property
     def spins(self) -> int:
-        """How long a wait that starts now spins before it sleeps (see ``SpinPolicy``)."""
+        """How long a wait of a transfer of many chunks that starts now spins before it
+        sleeps (see ``SpinPolicy``)."""
+        return self._policy.spins(bulk=True)
+
+    @property
+    def small_spins(self) -> int:
+        """How long a wait of a call of one chunk or less spins before it sleeps."""
         return self._policy.spins()
 
     def slot(self, rank: int, index: int, dtype: np.dtype[Any], count: int) -> np.ndarray[Any, Any]:
@@ -177,10 +183,12 @@ class Arena:
         deadline: float,
         health: Callable[[], None],
         ranks: range | list[int] | None = None,
+        bulk: bool = False,
     ) -> None:
         """Block until the counter ``which`` of every rank in ``ranks`` (default: all) reaches ``target``.
 
-        ``ranks``: all ranks, or a list of one rank.
+        ``ranks``: all ranks, or a list of one rank. ``bulk``: the wait is one of a transfer
+        of many chunks (see ``SpinPolicy.spins``).
         """
         first, stop = (0, self.world) if ranks is None else (ranks[0], ranks[-1] + 1)
         stride, offset = COUNTERS * _WORDS_PER_LINE, which * _WORDS_PER_LINE
@@ -189,7 +197,7 @@ class Arena:
             # Where ranks share cores, the wait gives the core away between spins, in compiled
             # batches (a health check and the deadline between them) before it sleeps.
             batch = min(_YIELD_BATCH, self._yields - yielded)
-            words, spins = self._words, self._policy.spins()
+            words, spins = self._words, self._policy.spins(bulk)
             laggard = spin_then_yield(words, stride, offset, first, stop, target, spins, batch)
             if laggard < 0:
                 return

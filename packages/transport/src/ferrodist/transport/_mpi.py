@@ -356,6 +356,10 @@ class MpiTransport:
         """Always empty: MPI ranks send no abort notices."""
         return {}
 
+    def gone(self) -> frozenset[int]:
+        """Always empty: MPI ends the job when a rank is lost."""
+        return frozenset()
+
     def native_collectives(self, ranks: Sequence[int], channel: int = 0) -> MpiCollectives | None:
         """MPI's own collectives over ``ranks`` (every rank of this transport must call this,
         in the same order; a rank outside ``ranks`` gets ``None``)."""

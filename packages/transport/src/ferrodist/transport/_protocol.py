@@ -201,3 +201,8 @@ class Transport(Protocol):
         """The peers whose notice for ``channel`` arrived: the call each was in, and the
         failure of another group that held it up first (or None)."""
         ...
+
+    def gone(self) -> frozenset[int]:
+        """The peers known to have left: their connection ended (they exited, crashed, were
+        killed, or closed their transport). A stopped or slow peer is not among them."""
+        ...

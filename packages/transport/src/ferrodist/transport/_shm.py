@@ -127,6 +127,7 @@ class ShmCollectives:
                 view, opcode, divisor, half = small
                 flat, data, words, state = (x if view is None else x.view(view)), a.data, a.words, self._state
                 call_id = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # its 64 bits
+                state[_chunks.SPINS] = a.small_spins
                 try:
                     status = SMALL_START(flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1)
                 except NotCompiled as missing:
@@ -137,7 +138,7 @@ class ShmCollectives:
                         a.chunks = int(state[_chunks.CHUNK])
                         return
                     step = lambda state: SMALL(flat, data, words, state, divisor)  # noqa: E731
-                    self._resume(step, status, deadline, fingerprint, seq)
+                    self._resume(step, status, deadline, fingerprint, seq, bulk=False)
                     return
             # One rank, or the compiled loop not ready: the same protocol in Python.
             views, fold, divisor = self._small_plan(dt, op, x.shape[0])
@@ -169,7 +170,8 @@ class ShmCollectives:
         if p > 1:
             view, opcode, _, half = self._small_kind(dt, op)
             flat, data, words = (x if view is None else x.view(view)), a.data, a.words
-            state = self._start(fingerprint, seq, opcode, -1 if root is None else root)
+            bulk = x.nbytes > a.chunk
+            state = self._start(fingerprint, seq, opcode, -1 if root is None else root, bulk)
             state[_chunks.HALF] = half
             step = lambda state: ALL_REDUCE(flat, data, words, state, divisor)  # noqa: E731
             try:
@@ -179,7 +181,7 @@ class ShmCollectives:
                 fold = self._fold(dt, op)
                 _stepwise.all_reduce(a, self._health, x, fold, divisor, root, deadline, fingerprint, seq)
                 return
-            self._resume(step, status, deadline, fingerprint, seq)
+            self._resume(step, status, deadline, fingerprint, seq, bulk)
             return
         reducer(dt, op)(x, [x], divisor)  # one rank: its own data, as the kernels round it
 
@@ -193,8 +195,9 @@ class ShmCollectives:
         kind, view, opcode = plan(dt, op)  # kind: 0, or the 16-bit float type (BF16, F16)
         return (view, opcode, divisor, kind)
 
-    def _start(self, fingerprint: int, seq: int, op: int = 0, root: int = -1) -> Array:
-        """The state words for a compiled loop of ``_chunks`` starting now."""
+    def _start(self, fingerprint: int, seq: int, op: int = 0, root: int = -1, bulk: bool = True) -> Array:
+        """The state words for a compiled loop of ``_chunks`` starting now (``bulk``: over
+        more than one chunk, see ``SpinPolicy.spins``)."""
         state = self._state
         state[: _chunks.ME] = 0
         state[_chunks.HALF] = 0
@@ -202,7 +205,7 @@ class ShmCollectives:
         state[_chunks.OP], state[_chunks.ROOT] = op, root
         state[_chunks.CALL_ID] = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # the 64 bits
         state[_chunks.NUMBER] = seq + 1
-        state[_chunks.SPINS] = self._a.spins  # long while the machine has idle cores, else short
+        state[_chunks.SPINS] = self._a.spins if bulk else self._a.small_spins  # long while cores are idle, else short
         return state
 
     def _drive(
@@ -215,32 +218,38 @@ class ShmCollectives:
         count: int,
         op: int = 0,
         root: int = -1,
+        nbytes: int = 0,
     ) -> None:
         """Run a compiled loop of ``_chunks`` (``step(state)``) to the end, or, while it is
         not compiled for these arrays, ``stepwise()``: the same protocol in Python. A call
-        without elements (``count`` 0) still meets every rank and checks its call."""
+        without elements (``count`` 0) still meets every rank and checks its call.
+        ``nbytes``: what it moves per rank (more than a chunk: a bulk transfer)."""
         if count == 0:
             self._sync(deadline, fingerprint, seq)
             return
         try:
-            status = step(self._start(fingerprint, seq, op, root))
+            bulk = nbytes > self._a.chunk
+            status = step(self._start(fingerprint, seq, op, root, bulk))
         except NotCompiled as missing:
             prepare([(missing.front, missing.types)])
             stepwise()
             return
-        self._resume(step, status, deadline, fingerprint, seq)
+        self._resume(step, status, deadline, fingerprint, seq, bulk)
 
-    def _resume(self, step: Callable[[Array], int], status: int, deadline: float, fingerprint: int, seq: int) -> None:
+    def _resume(
+        self, step: Callable[[Array], int], status: int, deadline: float, fingerprint: int, seq: int, bulk: bool = True
+    ) -> None:
         """Carry a compiled loop that returned ``status`` on to the end, doing for it what
-        needs Python: sleeping in a wait, waking a sleeping peer, raising a mismatch."""
+        needs Python: sleeping in a wait, waking a sleeping peer, raising a mismatch.
+        ``bulk``: the loop moves many chunks (see ``SpinPolicy.spins``)."""
         a, state = self._a, self._state
         try:
             while status != _chunks.DONE:
                 which = int(state[_chunks.WHICH])
                 ranks = range(int(state[_chunks.FIRST]), int(state[_chunks.STOP]))
                 if status == _chunks.WAIT:
-                    a.wait(which, int(state[_chunks.TARGET]), deadline, self._health, ranks)
-                    state[_chunks.SPINS] = a.spins
+                    a.wait(which, int(state[_chunks.TARGET]), deadline, self._health, ranks, bulk)
+                    state[_chunks.SPINS] = a.spins if bulk else a.small_spins
                 elif status == _chunks.WAKE:
                     a.wake(which)
                 else:
@@ -263,6 +272,7 @@ class ShmCollectives:
             seq,
             flat.shape[0],
             root=root,
+            nbytes=flat.nbytes,
         )
 
     def all_gather(self, x: Array, out: Array, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
@@ -277,6 +287,7 @@ class ShmCollectives:
             fingerprint,
             seq,
             flat.shape[0],
+            nbytes=flat.nbytes,
         )
 
     def reduce_scatter(
@@ -300,6 +311,7 @@ class ShmCollectives:
                 seq,
                 n,
                 opcode,
+                nbytes=blocks.nbytes,
             )
             return
         if n == 0:
@@ -375,6 +387,7 @@ class ShmTransport(TcpTransport):
         chunk: int | None = None,
         slots: int | None = None,
         rendezvous: KeyValue | None = None,
+        start_timeout: float | None = None,
     ) -> ShmTransport:
         """``TcpTransport.connect`` (``rendezvous=`` included; every rank is on this host, so
         a job without a secret listens on loopback), then the shared-memory arena: rank 0
@@ -399,7 +412,8 @@ class ShmTransport(TcpTransport):
                 )
             raise bad
         waits = _spin.prepare_waits()  # compiled in the background while the ranks meet
-        deadline = time.monotonic() + timeout
+        start_timeout = timeout if start_timeout is None else start_timeout
+        deadline = time.monotonic() + start_timeout
         self = super().connect(
             rank=rank,
             world_size=world_size,
@@ -410,6 +424,7 @@ class ShmTransport(TcpTransport):
             max_frame_bytes=max_frame_bytes,
             rendezvous=rendezvous,
             one_host=True,
+            start_timeout=start_timeout,
         )
         assert isinstance(self, ShmTransport)
         what = f"rank {rank}: opening the shared memory of a job of {world_size} ranks"
@@ -574,7 +589,9 @@ def _ready(waits: Ticket, rank: int, deadline: float) -> None:
             f"rank {rank}: the shared-memory waits did not compile ({waits.failed}); use backend='tcp'"
         )
     raise CollectiveTimeout(
-        f"rank {rank}: the shared-memory waits were still compiling at init's deadline (raise the timeout)", rank=rank
+        f"rank {rank}: the shared-memory waits were still compiling at the start's deadline (raise init_timeout, "
+        "or run `ferrodist warm` once)",
+        rank=rank,
     )
 
 

@@ -398,6 +398,11 @@ class SimulatedTransport:
         """The peers that sent a notice for ``channel``, each with the call it was in."""
         return self._hub.aborts[self._rank].heard(channel)
 
+    def gone(self) -> frozenset[int]:
+        """The peers that closed their transport (or died by an injected fault)."""
+        closed = self._hub.closed
+        return frozenset(peer for peer in range(len(closed)) if closed[peer] and peer != self._rank)
+
     # -- whole world ---------------------------------------------------------------------------
     def barrier(self, *, timeout: float | None = None) -> None:
         """Block until every rank of the world has called ``barrier``."""

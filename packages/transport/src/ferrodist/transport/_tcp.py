@@ -101,12 +101,16 @@ class TcpTransport:
         max_frame_bytes: int | None = None,
         rendezvous: KeyValue | None = None,
         one_host: bool | None = None,
+        start_timeout: float | None = None,
     ) -> TcpTransport:
         """Join the job: rank 0 hosts the store on ``master_addr:master_port``, every rank
         registers there and publishes its own listening address, and the ranks connect
         pairwise (see ``_rendezvous``). A bad start (two processes with one rank, ranks
         with different world sizes, the master port held by something else) fails on every
         rank within seconds, with the same error.
+
+        ``timeout`` is how long a receive or a collective waits by default; ``start_timeout``
+        (default: ``timeout``) how long this start may wait for the other ranks.
 
         ``rendezvous``: a key-value store the job already has (any object with blocking
         ``get(key) -> bytes`` and ``set(key, bytes)``, such as torch's ``c10d.Store``).
@@ -131,11 +135,11 @@ class TcpTransport:
                 may span hosts.
             BackendUnavailable: rank 0 cannot listen on the master port (say, it is in
                 use), or what listens there is not this job's store.
-            CollectiveTimeout: a rank did not show up within ``timeout``; names it (and the
+            CollectiveTimeout: a rank did not show up within ``start_timeout``; names it (and the
                 connections from outside the job that were refused meanwhile, if any).
             AuthenticationFailed: a peer (or the store) does not hold this job's secret.
         """
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (timeout if start_timeout is None else start_timeout)
         where = describe_start(rank, master_addr, master_port, rendezvous)
         if not isinstance(world_size, int) or world_size < 1 or not isinstance(rank, int) or not 0 <= rank < world_size:
             bad = InvalidArgument(
@@ -491,6 +495,10 @@ class TcpTransport:
     def notices(self, channel: int) -> dict[int, Notice]:
         """The peers that sent a notice for ``channel``, each with the call it was in."""
         return self._aborts.heard(channel)
+
+    def gone(self) -> frozenset[int]:
+        """The peers whose connection ended."""
+        return frozenset(peer for peer in list(self._lost) if peer != self._rank)
 
     def _abort_here(self, channel: int, error: FerrodistError, heard: tuple[int, int] | None = None) -> None:
         """Record the abort, drop what arrived for the channel, fail its posted receives."""
