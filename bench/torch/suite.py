@@ -42,7 +42,9 @@ def run(backend: str, transport: str | None, ranks: int) -> dict[str, Any]:
         )
         wall = time.perf_counter() - started
         if not out.exists():
-            raise SystemExit(f"torch's suite on {backend} did not finish (exit {done.returncode}):\n{done.stderr[-4000:]}")
+            raise SystemExit(
+                f"torch's suite on {backend} did not finish (exit {done.returncode}):\n{done.stderr[-4000:]}"
+            )
         tests = json.loads(out.read_text())["tests"]
     outcomes = {name: row[0] for name, row in tests.items()}
     return {

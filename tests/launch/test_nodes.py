@@ -23,7 +23,7 @@ from _helpers import free_port
 
 pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
 from ferrodist.launch import main
-from ferrodist.launch._channel import rank_token
+from ferrodist.launch._channel import HANDSHAKE, rank_token
 from ferrodist.launch._judge import Node, judge
 from ferrodist.launch._refused import NAMED
 
@@ -373,6 +373,74 @@ def test_an_interrupt_of_node_0_during_a_restart_ends_every_node_at_once_with_on
     assert took < 15, (took, outputs)  # not node 1's join timeout
     for out in outputs:
         assert "interrupted by SIGINT" in summary(out), out
+
+
+def listening(port: int) -> bool:
+    """True if a socket listens on ``port`` (IPv4, this machine)."""
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return any(int(row[1].split(":")[1], 16) == port and row[3] == "0A" for row in rows)
+
+
+def _restart_for_a_lost_node_then_stop_node_0(tmp_path: Path, join_timeout: str):
+    """Node 1's launcher is killed in the first attempt; node 0's launcher restarts the job and
+    waits for node 1 on a new listener, and is stopped (SIGSTOP) there; a new node 1 launcher
+    is started. Returns node 0's launcher (stopped), the new node 1 launcher, node 0's output
+    so far and the port."""
+    script = job(
+        tmp_path,
+        """
+        if os.environ["FERRODIST_RESTART_COUNT"] == "0":
+            time.sleep(60)
+        """,
+    )
+    port = free_port()
+    options = ("--max-restarts", "1", "--join-timeout", join_timeout)
+    node0, node1 = (launcher(node, 2, port, 1, script, options=options) for node in range(2))
+    pids(tmp_path, range(2))
+    node1.kill()
+    node1.communicate(timeout=30)
+    seen = []
+    assert node0.stdout is not None
+    for line in node0.stdout:
+        seen.append(line)
+        if "ferrodist run: restarting the job" in line:
+            break
+    give_up = time.monotonic() + 30
+    while not listening(port):
+        assert time.monotonic() < give_up, "".join(seen)
+        time.sleep(0.01)
+    node0.send_signal(signal.SIGSTOP)
+    return node0, launcher(1, 2, port, 1, script, options=options), "".join(seen)
+
+
+def test_node_0_stopped_during_a_restart_for_longer_than_a_handshake_goes_on_when_resumed(tmp_path):
+    """Node 0's launcher is stopped while it waits for the other nodes of a restart, and node
+    1 connects meanwhile: node 1 waits for node 0's greeting (not a handshake's 5 s), and the
+    job goes on when node 0 resumes."""
+    node0, node1, seen = _restart_for_a_lost_node_then_stop_node_0(tmp_path, "60")
+    try:
+        time.sleep(HANDSHAKE + 3)
+    finally:
+        node0.send_signal(signal.SIGCONT)
+    outputs = finish([node0, node1], limit=60)
+    assert [node0.returncode, node1.returncode] == [0, 0], [seen + outputs[0], outputs[1]]
+
+
+def test_node_0_stopped_during_a_restart_past_every_deadline_gets_one_verdict_on_both_nodes(tmp_path):
+    """Node 0's launcher stays stopped past node 1's deadline: node 1 ends saying node 0's
+    launcher froze, and so does node 0 when it is resumed; both exit 1."""
+    node0, node1, seen = _restart_for_a_lost_node_then_stop_node_0(tmp_path, "1")
+    try:
+        out1 = node1.communicate(timeout=60)[0]
+    finally:
+        node0.send_signal(signal.SIGCONT)
+    out0 = seen + finish([node0], limit=30)[0]
+    assert [node0.returncode, node1.returncode] == [1, 1], [out0, out1]
+    for out in (out0, out1):
+        assert summary(out).startswith("ferrodist run: node 0's launcher froze: "), out
+    assert "it accepted node 1's connection and then said nothing for 1" in summary(out1), out1
+    assert re.search(r"it was stopped and woke \d+ s past its join deadline, and node 1 had given up", summary(out0))
 
 
 def test_launchers_that_disagree_on_the_number_of_nodes_both_fail_saying_so(tmp_path):
