@@ -180,9 +180,7 @@ def open_store_through(
         server = StoreServer(host, 0, token=token, refusals=refusals)
         try:
             _kv_call(kv.set, (STORE_KEY, f"{host}:{server.port} {server.store_id} -".encode()), deadline, what)
-            client = StoreClient(
-                host, server.port, timeout=max(0.05, deadline - time.monotonic()), token=token, rank=0
-            )
+            client = StoreClient(host, server.port, timeout=max(0.05, deadline - time.monotonic()), token=token, rank=0)
         except BaseException:
             server.close()
             raise

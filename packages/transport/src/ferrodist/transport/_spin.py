@@ -16,7 +16,7 @@ import numpy as np
 
 from ferrodist.core.kernels import Ticket, background, jit, load_acquire, prepare, store_release
 
-from ._wire import sys_yield
+from ._libc import sys_yield
 
 __all__ = [
     "CROWDED_YIELDS",

@@ -1,8 +1,7 @@
 """A small frame's system calls from compiled code: ``send_frame`` writes a header and its
 payload with one ``sendmsg``, ``receive_frame`` reads the next frame's header, checks it
 against the message a caller waits for, and reads the payload into the caller's buffer;
-``exchange_frames`` does both, one after the other, for a sendrecv with one peer. The
-shared-memory waits give the core away with the same ``sched_yield`` (``sys_yield``).
+``exchange_frames`` does both, one after the other, for a sendrecv with one peer.
 
 They do what ``Link.send`` and ``Link.read_direct`` do for a small message, without the
 interpreter between the system calls: a small exchange between two nodes spent more CPU in
@@ -13,8 +12,7 @@ core's background fronts, so the first calls of a process, before their code is 
 loaded from Numba's cache, take the Python path, and so does a platform where the layout of
 ``struct msghdr`` below does not hold (64-bit Linux only).
 
-libc is called by symbol from the compiled code (no ctypes pointer is baked in), so the
-code goes to Numba's cache like any kernel.
+The system calls themselves are ``_libc``'s.
 """
 
 from __future__ import annotations
@@ -25,14 +23,13 @@ import sys
 from typing import Any
 
 import numpy as np
-from llvmlite import ir
 from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from ferrodist.core.kernels import NotCompiled, background, jit, prepare
 
 from ._frames import DATA, HEADER, MAGIC, PROTOCOL_VERSION
+from ._libc import address, sys_recv, sys_sendmsg, sys_yield
+from ._spin import prepare_waits
 
 __all__ = [
     "AVAILABLE",
@@ -81,84 +78,6 @@ def signed(word: int) -> int:
 
 
 _DATA_WORD = first_word(DATA)  # a compile-time constant of exchange_frames
-
-
-def _libc(name: str, ret: ir.Type, *params: ir.Type) -> Any:
-    def call(builder: Any, *args: Any) -> Any:
-        fnty = ir.FunctionType(ret, list(params))
-        return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), list(args))
-
-    return call
-
-
-_I32, _I64 = ir.IntType(32), ir.IntType(64)
-_PTR = ir.IntType(8).as_pointer()
-_recv = _libc("recv", _I64, _I32, _PTR, _I64, _I32)
-_sendmsg = _libc("sendmsg", _I64, _I32, _PTR, _I32)
-_errno_location = _libc("__errno_location", _I32.as_pointer())
-_sched_yield = _libc("sched_yield", _I32)
-
-
-def _sys_recv(typingctx: Any, fd: Any, address: Any, count: Any, flags: Any) -> Any:
-    """``recv(fd, address, count, flags)``: bytes read, 0 at the end of the stream, or -errno."""
-    sig = types.int64(types.int64, types.int64, types.int64, types.int64)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        fd, address, count, flags = args
-        got = _recv(
-            builder, builder.trunc(fd, _I32), builder.inttoptr(address, _PTR), count, builder.trunc(flags, _I32)
-        )
-        return _or_errno(builder, got)
-
-    return sig, codegen
-
-
-def _sys_sendmsg(typingctx: Any, fd: Any, message: Any, flags: Any) -> Any:
-    """``sendmsg(fd, message, flags)``: bytes sent, or -errno."""
-    sig = types.int64(types.int64, types.int64, types.int64)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        fd, message, flags = args
-        sent = _sendmsg(builder, builder.trunc(fd, _I32), builder.inttoptr(message, _PTR), builder.trunc(flags, _I32))
-        return _or_errno(builder, sent)
-
-    return sig, codegen
-
-
-def _sys_yield(typingctx: Any) -> Any:
-    """``sched_yield()``: give the core to another runnable thread."""
-    sig = types.int64()
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.sext(_sched_yield(builder), _I64)
-
-    return sig, codegen
-
-
-def _or_errno(builder: Any, result: Any) -> Any:
-    """``result`` of a call that returns -1 and sets errno: the result, or -errno."""
-    code = builder.sext(builder.load(_errno_location(builder)), _I64)
-    return builder.select(builder.icmp_signed("<", result, ir.Constant(_I64, 0)), builder.neg(code), result)
-
-
-def _address(typingctx: Any, array: Any) -> Any:
-    """Where ``array``'s data starts, as an int64."""
-    if not isinstance(array, types.Array):
-        return None
-    sig = types.int64(array)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        return builder.ptrtoint(data, _I64)
-
-    return sig, codegen
-
-
-# Typed as Any: mypy would read an intrinsic's typing context as an argument of its calls.
-sys_recv: Any = intrinsic(_sys_recv)
-sys_sendmsg: Any = intrinsic(_sys_sendmsg)
-sys_yield: Any = intrinsic(_sys_yield)
-address: Any = intrinsic(_address)
 
 
 @jit
@@ -299,8 +218,6 @@ def prepare_wire() -> None:
     if _queued or not AVAILABLE:
         return
     _queued = True
-    from ._spin import prepare_waits  # _spin imports this module
-
     prepare_waits()
     for item in frame_kernels():
         prepare([item])
