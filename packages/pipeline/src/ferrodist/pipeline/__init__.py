@@ -4,10 +4,11 @@
 the compute actions with the messages they imply); ``Pipeline`` runs one, sending each stage's input
 gradient backward, so every stage's gradients equal the unsplit model's."""
 
+from ._actions import Action, Schedule
 from ._check import ScheduleError, Slot, Timeline, simulate, validate
 from ._lower import Step, lower
 from ._pipeline import Pipeline
-from ._schedules import Action, CustomSchedule, GPipe, Interleaved1F1B, OneFOneB, Schedule, ZeroBubbleH1
+from ._schedules import CustomSchedule, GPipe, Interleaved1F1B, OneFOneB, ZeroBubbleH1
 from ._split import split_sequential
 from ._stages import Stage
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from ferrodist.core import BackendUnavailable, InvalidArgument
 
+from ._actions import Action, Schedule, count
 from ._lower import RECV, SEND, Step, lower_actions
-from ._schedules import Action, Schedule, _count
 
 __all__ = ["ScheduleError", "Slot", "Timeline", "simulate", "validate"]
 
@@ -167,8 +167,8 @@ def _run(
 ) -> Timeline:
     if not isinstance(schedule, Schedule):
         raise InvalidArgument(f"expected a Schedule (GPipe(), OneFOneB(), ...), not {type(schedule).__name__}")
-    p = _count("n_ranks", n_ranks)
-    m = _count("n_microbatches", n_microbatches)
+    p = count("n_ranks", n_ranks)
+    m = count("n_microbatches", n_microbatches)
     return _execute(schedule, schedule.all_actions(p, m), p, m, cost)
 
 

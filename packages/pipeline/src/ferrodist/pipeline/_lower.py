@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._schedules import Action, Schedule
+from ._actions import Action, Schedule
 
 __all__ = ["Step", "lower", "lower_actions"]
 

@@ -22,9 +22,9 @@ import numpy as np
 from ferrodist.collectives import default_group, tracing
 from ferrodist.core import CollectiveMismatch, DType, Group, InvalidArgument, Work, as_tensor
 
+from ._actions import Action, Schedule
 from ._check import validate
 from ._lower import RECV, SEND, Step, lower_actions
-from ._schedules import Action, Schedule
 from ._stages import Stage, adapt_stage
 from ._wire import HEADER_WORDS, Pool, check_sizes, header, read_header, split_rows, tag
 
