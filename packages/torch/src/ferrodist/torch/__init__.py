@@ -28,7 +28,8 @@ from ._plugin import BACKEND_NAME, register
 
 if TYPE_CHECKING:
     from ._group import FerrodistProcessGroup
-    from ._register import TRANSPORTS, choose_transport, preload
+    from ._names import TRANSPORTS
+    from ._register import choose_transport, preload
     from ._work import FerrodistWork
 
 register()
@@ -37,7 +38,7 @@ register()
 _LAZY = {
     "FerrodistProcessGroup": "._group",
     "FerrodistWork": "._work",
-    "TRANSPORTS": "._register",
+    "TRANSPORTS": "._names",
     "choose_transport": "._register",
     "preload": "._register",
 }

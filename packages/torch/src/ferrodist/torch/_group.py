@@ -25,7 +25,7 @@ from ferrodist.collectives import ProcessGroup, destroy_process_group
 from ferrodist.core import InvalidArgument, ReduceOp
 
 from . import _forms as forms
-from ._plugin import BACKEND_NAME
+from ._names import BACKEND_NAME
 from ._sparse import sparse_all_reduce
 from ._tensors import REDUCE_OPS, Staging, single
 from ._work import Completer, FerrodistWork, seconds

@@ -6,8 +6,8 @@ every such entry point at the end of ``import torch`` (unless
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``), so ``init_process_group("ferrodist")`` works without
 ``import ferrodist.torch``. What runs then must be light and must not fail: an exception
 there would make ``import torch`` itself fail, in every program of the environment. So
-this module imports nothing but ``torch.distributed``, and the backend's groups, transports
-and collectives are imported when torch makes the first group.
+this module imports nothing but ``torch.distributed`` and ``_names``, and the backend's
+groups, transports and collectives are imported when torch makes the first group.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-#: The name torch knows the backend by: ``init_process_group("ferrodist")``.
-BACKEND_NAME = "ferrodist"
+from ._names import BACKEND_NAME
 
 
 def register() -> None:

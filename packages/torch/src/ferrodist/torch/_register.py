@@ -43,9 +43,8 @@ from ferrodist.collectives import preload as load_kernels
 from ferrodist.core import DType, InvalidArgument
 
 from ._group import FerrodistProcessGroup
+from ._names import TRANSPORT_VARIABLE, TRANSPORTS
 
-#: The transports a torch group can run over (``FERRODIST_TORCH_TRANSPORT``).
-TRANSPORTS = ("auto", "shm", "tcp", "levels", "mpi")
 _log = logging.getLogger("ferrodist.torch")
 #: The torch groups over every rank that started a transport (with its kind), the live one last.
 _worlds: list[tuple[weakref.ref[FerrodistProcessGroup], str]] = []
@@ -108,7 +107,7 @@ def _world() -> ProcessGroup | None:
     while _worlds:
         made, kind = _worlds[-1][0](), _worlds[-1][1]
         if made is not None and not made.closed:
-            wanted = os.environ.get("FERRODIST_TORCH_TRANSPORT", "auto").strip().lower() or "auto"
+            wanted = os.environ.get(TRANSPORT_VARIABLE, "auto").strip().lower() or "auto"
             return made.ferrodist_group if wanted in ("auto", kind) else None
         _worlds.pop()
     return None
@@ -120,7 +119,7 @@ def _listed(members: list[int]) -> object:
 
 def choose_transport(size: int, name: str = "0") -> str:
     """The transport a group of ``size`` ranks runs over (see the module docstring)."""
-    chosen = os.environ.get("FERRODIST_TORCH_TRANSPORT", "auto").strip().lower() or "auto"
+    chosen = os.environ.get(TRANSPORT_VARIABLE, "auto").strip().lower() or "auto"
     if chosen not in TRANSPORTS:
         raise InvalidArgument(
             f"FERRODIST_TORCH_TRANSPORT={chosen!r} is not one of {', '.join(TRANSPORTS)} (group {name})"
