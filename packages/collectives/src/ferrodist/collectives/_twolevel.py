@@ -126,7 +126,7 @@ class Levels:
         the reduce): the same steps, tags and bits in fewer Python calls, which is most of
         a small call's time. Larger calls go through ``Steps.all_reduce``."""
         inside, reduce, divisor = (
-            ReduceOp.SUM if op is ReduceOp.AVG else op,
+            op.combine,
             reducer(dt, op),
             op.divisor(self.world_size),
         )
@@ -377,7 +377,7 @@ class Steps:
     # -- the collectives --------------------------------------------------------------------------
     def all_reduce(self, x: Array, dt: DType, op: ReduceOp) -> None:
         lv = self._lv
-        inside = ReduceOp.SUM if op is ReduceOp.AVG else op
+        inside = op.combine
         n, size = x.shape[0], len(lv.members)
         if x.nbytes <= SMALL_BYTES or n < lv.shards:
             self._leaders_all_reduce(x, dt, op)
@@ -409,10 +409,10 @@ class Steps:
         bits everywhere: every such group reduces the same values in the same order)."""
         lv = self._lv
         if lv.even and x.nbytes <= PAIRS_BYTES:
-            self.node_all_reduce(x, dt, ReduceOp.SUM if op is ReduceOp.AVG else op)
+            self.node_all_reduce(x, dt, op.combine)
             self.across_all_reduce(x, lv.peers, _LEADERS, dt, op)
             return
-        self.node_reduce(x, 0, dt, ReduceOp.SUM if op is ReduceOp.AVG else op)
+        self.node_reduce(x, 0, dt, op.combine)
         if lv.local == 0:
             self.across_all_reduce(x, lv.leaders, _LEADERS, dt, op)
         self.node_broadcast(x, 0, dt)
@@ -440,7 +440,7 @@ class Steps:
         if lv.me != root:  # only the root's tensor changes
             buf = self._call.scratch.get(_COPY, x.shape[0], x.dtype)
             buf[...] = x
-        self.node_reduce(buf, here, dt, ReduceOp.SUM if op is ReduceOp.AVG else op)
+        self.node_reduce(buf, here, dt, op.combine)
         if lv.me in bridges:
             c = self.across(bridges, _LEADERS, fingerprint("reduce", dt, x.shape[0], op, at))
             _tree.reduce(c, buf, at, reducer(dt, op), op.divisor(lv.world_size))
@@ -494,7 +494,7 @@ class Steps:
         all_reduce of a copy of the input, then this rank's block."""
         lv, n = self._lv, out.shape[0]
         nodes, scratch = lv.nodes.members, self._call.scratch
-        inside = ReduceOp.SUM if op is ReduceOp.AVG else op
+        inside = op.combine
         if not lv.even:
             whole = scratch.get(_PACKED, n * len(blocks), out.dtype)
             for r, block in enumerate(blocks):

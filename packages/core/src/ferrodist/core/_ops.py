@@ -46,5 +46,12 @@ class ReduceOp(enum.Enum):
         ``sources`` for ``AVG``, 1 for every other op."""
         return float(sources) if self is ReduceOp.AVG else 1.0
 
+    @property
+    def combine(self) -> ReduceOp:
+        """The op that combines the values before ``divisor`` divides them: ``SUM`` for
+        ``AVG`` (a step that reduces part of the ranks adds; the last one divides), the op
+        itself for every other op."""
+        return ReduceOp.SUM if self is ReduceOp.AVG else self
+
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}"

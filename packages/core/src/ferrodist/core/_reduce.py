@@ -47,7 +47,7 @@ def _table() -> dict[tuple[str, ReduceOp], tuple[int, np.dtype[Any] | None, int]
     table: dict[tuple[str, ReduceOp], tuple[int, np.dtype[Any] | None, int]] = {}
     for dt in ALL_DTYPES:
         for op in dt.ops:
-            opcode = ReduceOp.SUM if op is ReduceOp.AVG else op
+            opcode = op.combine
             if dt.name in ("float16", "bfloat16"):
                 kind = k.BF16 if dt.name == "bfloat16" else k.F16
                 table[(dt.name, op)] = (kind, np.dtype(np.uint16), opcode.value)
