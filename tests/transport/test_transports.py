@@ -40,6 +40,23 @@ def test_is_a_transport(make_world):
     assert isinstance(t0.irecv(np.empty(1), 1), Request)
 
 
+def test_every_transport_says_its_kind_and_takes_the_ranks_on_its_host():
+    """``kind`` is the name init_process_group knows each by (ShmTransport is a
+    TcpTransport: its own kind wins), and ``share_host`` is on every one of them."""
+    from ferrodist.transport import MpiTransport, ShmTransport
+
+    kinds = {SimulatedTransport: "simulated", TcpTransport: "tcp", ShmTransport: "shm", MpiTransport: "mpi"}
+    for cls, kind in kinds.items():
+        assert cls.kind == kind and callable(cls.share_host), cls
+    t0, t1 = SimulatedTransport.create_group(2)
+    try:
+        t0.share_host(8)  # nothing to tune: the ranks are threads
+        assert isinstance(t0, Transport) and t0.kind == "simulated"
+    finally:
+        t0.close()
+        t1.close()
+
+
 def test_messages_match_by_source_and_tag_in_order(make_world):
     t0, t1, t2 = make_world(3)
     t0.send(np.array([1], np.int64), dst=2, tag=5)

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, NotInitialized
-from ferrodist.transport import DEFAULT_TIMEOUT, MpiTransport, ShmTransport, SimulatedTransport, TcpTransport, Transport
+from ferrodist.transport import DEFAULT_TIMEOUT, Transport
 
 from . import _twolevel_start
 from ._backends import make_transport
@@ -146,7 +146,7 @@ def init_process_group(
     route = requested_route(cuda_route, rank=rank)
     # Simulated ranks handed in as transports are threads of one process: each thread gets
     # its own default group. A world this call builds itself belongs to the whole process.
-    threaded = isinstance(transport, SimulatedTransport)
+    threaded = transport is not None and transport.kind == "simulated"
     _check_not_initialized(threaded)  # before building a transport: every rank fails at once
     built, levels = transport is None, False
     if transport is None:
@@ -293,17 +293,8 @@ def get_world_size(group: ProcessGroup | None = None) -> int:
 
 
 def backend_name(transport: Transport) -> str:
-    """The name ``init_process_group`` knows ``transport``'s kind by (its class name for others)."""
-    # ShmTransport is a TcpTransport (it moves point-to-point bytes over TCP): test it first.
-    for kind, name in (
-        (SimulatedTransport, "simulated"),
-        (ShmTransport, "shm"),
-        (TcpTransport, "tcp"),
-        (MpiTransport, "mpi"),
-    ):
-        if isinstance(transport, kind):
-            return name
-    return type(transport).__name__
+    """The name ``init_process_group`` knows ``transport``'s kind by."""
+    return transport.kind
 
 
 def get_backend(group: ProcessGroup | None = None) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ferrodist.core import FerrodistError, InvalidArgument
-from ferrodist.transport import ShmTransport, TcpTransport, Transport
+from ferrodist.transport import ShmTransport, Transport
 
 from ._levels import Nodes, discover_nodes
 from ._objects import all_gather_object
@@ -140,8 +140,7 @@ def enable(world: ProcessGroup, start_timeout: float | None = None) -> Levels | 
         )
         return None
     ranks = nodes.ranks_on_host(node)  # nodes of this job on one host (a test's, say) share its cores
-    if isinstance(world.transport, TcpTransport):
-        world.transport.share_host(ranks)
+    world.transport.share_host(ranks)
     if inner is not None:
         inner.share_host(ranks)
     levels = Levels(nodes, world.transport, world._runner.group_id, inner, nodes.hosts)

@@ -80,7 +80,7 @@ def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
         _listed(members),
         rank,
         size,
-        type(transport).__name__,
+        transport.kind,
     )
     made = FerrodistProcessGroup(group, common.store, description=name)
     if members == list(range(size)) and world is None:

@@ -185,6 +185,8 @@ class MpiTransport:
     message may already have been written into the receive buffer when it is reported.
     """
 
+    kind = "mpi"
+
     def __init__(self, comm: Any = None, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         MPI = mpi()
         self._comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
@@ -359,6 +361,9 @@ class MpiTransport:
     def gone(self) -> frozenset[int]:
         """Always empty: MPI ends the job when a rank is lost."""
         return frozenset()
+
+    def share_host(self, ranks: int) -> None:
+        """Nothing: MPI waits as the MPI library was configured to."""
 
     def native_collectives(self, ranks: Sequence[int], channel: int = 0) -> MpiCollectives | None:
         """MPI's own collectives over ``ranks`` (every rank of this transport must call this,

@@ -169,6 +169,19 @@ class Transport(Protocol):
 
     def close(self) -> None: ...
 
+    # -- what it is, where it runs -------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        """The name ``init_process_group`` knows the transport by: ``"tcp"``, ``"shm"``,
+        ``"mpi"`` or ``"simulated"``."""
+        ...
+
+    def share_host(self, ranks: int) -> None:
+        """``ranks`` ranks of the job run on this host (this transport's, or more where nodes
+        of one job share a host): where they outnumber the cores, the transport's waits give
+        their core away before they sleep. A transport that does not wait itself ignores it."""
+        ...
+
     # -- capabilities beyond moving bytes ------------------------------------------------------
     @property
     def store(self) -> Store | None:

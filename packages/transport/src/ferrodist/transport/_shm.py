@@ -368,6 +368,8 @@ class ShmTransport(TcpTransport):
     most 6).
     """
 
+    kind = "shm"
+
     def __init__(self, rank: int, world_size: int, *, timeout: float, max_frame_bytes: int) -> None:
         super().__init__(rank, world_size, timeout=timeout, max_frame_bytes=max_frame_bytes)
         self._arena: Arena | None = None

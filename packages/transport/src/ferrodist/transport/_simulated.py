@@ -216,6 +216,8 @@ class SimulatedTransport:
         array([0, 1, 2], dtype=int32)
     """
 
+    kind = "simulated"
+
     def __init__(self, hub: _Hub, rank: int, timeout: float) -> None:
         self._hub = hub
         self._rank = rank
@@ -402,6 +404,9 @@ class SimulatedTransport:
         """The peers that closed their transport (or died by an injected fault)."""
         closed = self._hub.closed
         return frozenset(peer for peer in range(len(closed)) if closed[peer] and peer != self._rank)
+
+    def share_host(self, ranks: int) -> None:
+        """Nothing: the ranks are threads of one process, whose waits are condition variables."""
 
     # -- whole world ---------------------------------------------------------------------------
     def barrier(self, *, timeout: float | None = None) -> None:

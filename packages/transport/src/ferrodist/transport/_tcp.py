@@ -68,6 +68,8 @@ class TcpTransport:
             t.recv(buf, src=0)
     """
 
+    kind = "tcp"
+
     def __init__(self, rank: int, world_size: int, *, timeout: float, max_frame_bytes: int) -> None:
         self._rank = rank
         self._world_size = world_size
