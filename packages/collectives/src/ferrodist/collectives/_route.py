@@ -93,6 +93,13 @@ class Route:
         self._bodies: dict[Hashable, tuple[str, Body]] = {}
 
     # -- plans ------------------------------------------------------------------------------------
+    def use_levels(self, levels: _twolevel.Levels) -> None:
+        """Run the group's collectives over ``levels`` from the next call on: the plans made
+        for the flat group before are dropped."""
+        self.levels = levels
+        for table in (self._plans, self._known, self._bodies):
+            table.clear()
+
     def known(self, signature: Hashable) -> Plan | None:
         """The plan of a call whose arguments, as given, match a call checked before."""
         try:

@@ -68,6 +68,7 @@ class Runner:
         )
         self.scratch = Scratch()
         self.closed = False
+        self._abort_hooks: list[Callable[[FerrodistError, int], None]] = []
         self._worker: Worker | None = None
         self._worker_lock = threading.Lock()
         # This rank's trace (FERRODIST_TRACE), or None: then a call pays one check.
@@ -268,11 +269,19 @@ class Runner:
         self.transport.abort(self.group_id, error, peers=[r for r in self.ranks if r != me], seq=at)
         record_failure(error)
 
+    def first_on_abort(self, hook: Callable[[FerrodistError, int], None]) -> None:
+        """Call ``hook(error, seq)`` first whenever a peer's notice aborts this group (before
+        this runner's own response, in the transport's thread): where the group's calls run
+        over more than its own channel (two levels), the hook passes the abort on."""
+        self._abort_hooks.append(hook)
+
     def _respond(self, error: FerrodistError, seq: int) -> None:
         """A peer aborted the group in its call ``seq`` (a transport thread calls this). A
         call in flight here fails on the aborted channel and answers for itself; between
         calls, the group is blocked here and the peers get this rank's notice at once, which
         tells their census that this rank is alive and which call it was at."""
+        for hook in self._abort_hooks:
+            hook(error, seq)
         order = self.order
         if order.entered == order.turn:
             return

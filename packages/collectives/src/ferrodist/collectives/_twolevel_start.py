@@ -151,17 +151,8 @@ def enable(world: ProcessGroup, start_timeout: float | None = None) -> Levels | 
 def attach(world: ProcessGroup, levels: Levels) -> None:
     """Run ``world``'s collectives over ``levels`` from its next call on; its aborts reach the
     node's steps (``Levels.bridge``)."""
-    runner = world._runner
-
-    def respond(error: FerrodistError, seq: int) -> None:
-        levels.bridge(error, seq)
-        runner._respond(error, seq)
-
-    world.transport.on_abort(runner.group_id, respond)
-    route = world._route
-    route.levels = levels
-    for table in (route._plans, route._known, route._bodies):  # plans made flat before
-        table.clear()
+    world._runner.first_on_abort(levels.bridge)
+    world._route.use_levels(levels)
     _log.info("rank %d: %s", world.rank, levels)
 
 
