@@ -102,16 +102,16 @@ def test_an_error_from_other_code_inside_a_call_fails_the_call_on_every_rank(mon
     call aborts the group like ferrodist's own errors: rank 0, waiting in the same call,
     fails at once naming rank 1's error instead of waiting out its deadline (on an H100,
     a CUDA error in one rank's DDP bucket left the other waiting 30 s)."""
-    from ferrodist.collectives import _doubling
+    from ferrodist.collectives._algorithms import doubling
 
-    original = _doubling.all_reduce
+    original = doubling.all_reduce
 
     def failing_on_rank_1(call, x, kernel, divisor):
         if call.ranks[call.rank] == 1:
             raise RuntimeError("cuCtxGetCurrent: CUDA_ERROR_NOT_INITIALIZED")
         original(call, x, kernel, divisor)
 
-    monkeypatch.setattr(_doubling, "all_reduce", failing_on_rank_1)
+    monkeypatch.setattr(doubling, "all_reduce", failing_on_rank_1)
 
     def rank_main():
         x = np.ones(4)

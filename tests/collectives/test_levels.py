@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _helpers import examples
-from ferrodist.collectives._levels import LevelsPlan, Nodes, levels_plan
+from ferrodist.collectives._levels.plan import LevelsPlan, Nodes, levels_plan
 from ferrodist.core import InvalidArgument
 
 SIZES = st.lists(st.integers(1, 4), min_size=1, max_size=5)  # ranks per node
@@ -128,7 +128,7 @@ def test_placements_that_do_not_add_up_are_refused(places, message):
 
 def test_every_rank_learns_the_same_nodes_from_the_launcher_or_the_hosts():
     import ferrodist.collectives as dist
-    from ferrodist.collectives._levels import discover_nodes
+    from ferrodist.collectives._start.levels import discover_nodes
     from ferrodist.testing import run_world
     from ferrodist.transport import this_host
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ferrodist.collectives._plans import (
+from ferrodist.collectives._algorithms.plans import (
     binomial_tree,
     chunk_layout,
     dissemination_peers,
     doubling_plan,
     ring_plan,
 )
-from ferrodist.collectives._select import SMALL_MESSAGE_BYTES, all_reduce_algorithm
+from ferrodist.collectives._algorithms.select import SMALL_MESSAGE_BYTES, all_reduce_algorithm
 from ferrodist.core import InvalidArgument
 
 SIZES = list(range(1, 34))

@@ -30,8 +30,8 @@ from ferrodist.collectives import (
     reduce,
     reduce_scatter,
 )
-from ferrodist.collectives._levels import Nodes
-from ferrodist.collectives._twolevel import SMALL_BYTES, Levels, in_global_ranks
+from ferrodist.collectives._levels.plan import Nodes
+from ferrodist.collectives._levels.run import SMALL_BYTES, Levels, in_global_ranks
 from ferrodist.core import (
     CollectiveMismatch,
     CollectiveTimeout,
@@ -133,19 +133,19 @@ def test_bfloat16_and_large_tensors_on_the_sharded_path(nodes):
 
 
 def test_a_large_all_reduce_goes_in_pieces_each_with_its_three_steps(monkeypatch):
-    from ferrodist.collectives import _twolevel
+    from ferrodist.collectives._levels import run as levels_run
 
-    monkeypatch.setattr(_twolevel, "PIECE_BYTES", 1024)  # 128 float64 per piece
-    monkeypatch.setattr(_twolevel, "SMALL_BYTES", 64)
+    monkeypatch.setattr(levels_run, "PIECE_BYTES", 1024)  # 128 float64 per piece
+    monkeypatch.setattr(levels_run, "SMALL_BYTES", 64)
     count = 128 * 5 + 3 * 2 + 1  # five pieces, a shorter one, and a tail for the leaders
     calls: list[int] = []
-    steps = _twolevel.Steps.node_reduce_scatter
+    steps = levels_run.Steps.node_reduce_scatter
 
     def counted(self, inp, out, dt, op):  # type: ignore[no-untyped-def]
         calls.append(inp.shape[0])
         steps(self, inp, out, dt, op)
 
-    monkeypatch.setattr(_twolevel.Steps, "node_reduce_scatter", counted)
+    monkeypatch.setattr(levels_run.Steps, "node_reduce_scatter", counted)
 
     def step() -> np.ndarray:
         x = _data(get_rank(), count, "float64")
@@ -163,17 +163,17 @@ def test_a_large_all_reduce_goes_in_pieces_each_with_its_three_steps(monkeypatch
     ("nodes", "count", "path"), [([2, 2], 100, "pairs"), ([2, 2], 3000, "leaders"), ([2, 1], 100, "leaders")]
 )
 def test_small_all_reduces_go_by_pairs_up_to_16_kib_on_equal_nodes(monkeypatch, nodes, count, path):
-    from ferrodist.collectives import _twolevel
+    from ferrodist.collectives._levels import run as levels_run
 
     seen: list[str] = []
     for name in ("node_reduce", "node_all_reduce"):
-        original = getattr(_twolevel.Steps, name)
+        original = getattr(levels_run.Steps, name)
 
         def spy(self, *args, _original=original, _name=name):  # type: ignore[no-untyped-def]
             seen.append(_name)
             return _original(self, *args)
 
-        monkeypatch.setattr(_twolevel.Steps, name, spy)
+        monkeypatch.setattr(levels_run.Steps, name, spy)
 
     def step() -> np.ndarray:
         x = np.full(count, get_rank() + 1.0)

@@ -8,7 +8,9 @@ from ferrodist.core import ReduceOp
 # takes for ranks run as threads.
 from ferrodist.transport import Faults, SimulatedTransport, Transport, interface_address, local_address
 
-from ._api import (
+from ._algorithms.select import ALL_REDUCE_ALGORITHMS, SMALL_MESSAGE_BYTES
+from ._api.batch import P2POp, batch_isend_irecv
+from ._api.calls import (
     all_gather,
     all_gather_into_tensor,
     all_gather_object,
@@ -32,12 +34,7 @@ from ._api import (
     scatter_object_list,
     send,
 )
-from ._backends import auto_backend, connect_transport, one_host
-from ._batch import P2POp, batch_isend_irecv
-from ._group import ProcessGroup
-from ._kernels import DEFAULT_DTYPES, collective_kernels, preload
-from ._select import ALL_REDUCE_ALGORITHMS, SMALL_MESSAGE_BYTES
-from ._state import (
+from ._api.default_group import (
     default_group,
     destroy_process_group,
     get_backend,
@@ -49,7 +46,7 @@ from ._state import (
     is_initialized,
     new_group,
 )
-from ._torchnames import (
+from ._api.torch_names import (
     all_gather_single,
     get_global_rank,
     get_group_rank,
@@ -59,6 +56,9 @@ from ._torchnames import (
     reduce_scatter_single,
     send_object_list,
 )
+from ._group import ProcessGroup
+from ._kernels import DEFAULT_DTYPES, collective_kernels, preload
+from ._start.backends import auto_backend, connect_transport, one_host
 from ._work import Work
 
 __all__ = [

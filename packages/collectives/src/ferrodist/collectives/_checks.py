@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,8 +21,15 @@ from ferrodist.core import (
 
 from ._call import Array
 
-if TYPE_CHECKING:
-    from ._group import ProcessGroup as Group
+
+class Member(Protocol):
+    """What the checks ask of a group: this rank's global number, and whether it may call
+    (``ProcessGroup`` is one)."""
+
+    @property
+    def global_rank(self) -> int: ...
+
+    def member_rank(self, operation: str) -> int: ...
 
 
 class Blocks(list):  # type: ignore[type-arg]
@@ -119,7 +126,7 @@ class Checker:
         raise self.fail(f"{what} must be a list of {size} tensors, not {type(obj).__name__}")
 
 
-def on_group(group: Group, operation: str) -> Checker:
+def on_group(group: Member, operation: str) -> Checker:
     """The checks of ``operation`` on ``group``, after making sure this rank may use it
     (``member_rank`` raises for a rank outside the group or a destroyed group)."""
     group.member_rank(operation)

@@ -45,7 +45,7 @@ from ferrodist.core import (
     Tensor,
 )
 
-from . import _ring
+from ._algorithms import ring
 from ._call import Call
 from ._checks import Blocks
 from ._debug import debugging_routes
@@ -262,7 +262,7 @@ class DeviceRoute:
         everyone = np.zeros(call.size * RECORD_BYTES, np.uint8)
         blocks = Blocks.of(everyone, call.size)
         blocks[call.rank][...] = mine.encode()
-        _ring.all_gather(call, blocks)
+        ring.all_gather(call, blocks)
         records = [Record.decode(block) for block in blocks]
         try:
             choice = choose(records)

@@ -36,14 +36,16 @@ from ferrodist.core import (
 )
 from ferrodist.transport import Transport
 
-from . import _direct, _failure, _monitor, _tensors
+from . import _failure
+from ._algorithms import direct, monitored
+from ._algorithms.select import all_reduce_algorithm
 from ._checks import Blocks, Checker, device_blocks, on_group, split_equally, wire_dtype
 from ._device import DeviceRoute, device_type, requested_route
 from ._fingerprint import fingerprint
 from ._p2p import Messages
 from ._route import Route
+from ._rows import Rows
 from ._runner import Runner
-from ._select import all_reduce_algorithm
 from ._timeouts import Timeout
 from ._work import RequestWork, Work
 
@@ -511,10 +513,10 @@ class ProcessGroup:
             group.all_to_all_single(out, x, outs, ins)   # rank 0: [0, 10, 11]  rank 1: [1, 2, 12]
         """
         check = self._checker("all_to_all_single")
-        rows = _tensors.Rows(check, output, input, output_split_sizes, input_split_sizes, self._ranks, self.rank)
+        rows = Rows(check, output, input, output_split_sizes, input_split_sizes, self._ranks, self.rank)
         engine = self._engine("all_to_all_single", [rows.output, rows.input], rows.input.dtype)
         outs, ins = rows.blocks(device=engine is not None)
-        move = _direct.all_to_all if engine is None else engine.all_to_all
+        move = direct.all_to_all if engine is None else engine.all_to_all
 
         def body(call: Any) -> None:
             rows.agree(call)
@@ -546,7 +548,7 @@ class ProcessGroup:
         if not isinstance(wait_all_ranks, bool):
             raise check.fail(f"wait_all_ranks must be True or False, not {wait_all_ranks!r}")
         limit = self._runner.limit(timeout, "monitored_barrier")
-        body = _monitor.body(self._ranks, limit, wait_all_ranks)
+        body = monitored.body(self._ranks, limit, wait_all_ranks)
         self._runner.launch("monitored_barrier", body, fingerprint("monitored_barrier"), async_op=False, timeout=limit)
 
     # -- point to point -------------------------------------------------------------------------

@@ -18,62 +18,29 @@ staged segment takes exactly the route a numpy array of its size would.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from typing import Any
 
 from ferrodist.core import DeviceEngine, DType, GroupInfo, ReduceOp, reducer, uint8
 
-from . import _direct, _doubling, _native, _ring, _tree, _twolevel
+from ._algorithms import direct, doubling, ring, tree
+from ._algorithms import native as native_calls
+from ._algorithms.select import all_reduce_algorithm
 from ._call import Array, Call
 from ._checks import Blocks
 from ._debug import debugging_routes
 from ._device import RECORD_BYTES, DeviceRoute
 from ._fingerprint import COUNT_MASK, fingerprint
+from ._levels.run import OPERATIONS as LEVEL_OPERATIONS
+from ._levels.run import Levels
+from ._plan import Body, Plan
 from ._runner import Runner
-from ._select import all_reduce_algorithm
 
 __all__ = ["BoundHost", "Plan", "Route"]
 
-Body = Callable[..., None]
 #: The most plans a group keeps; past it the table starts again (a program whose shapes
 #: never repeat must not grow it without bound).
 _MAX_PLANS = 1024
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Plan:
-    """What one kind of call does, decided once.
-
-    ``route`` names where it runs: a device engine (``"nccl"``, ``"staged"``), the
-    transport's own collective (``"transport"``), the two levels of a job that spans nodes
-    (``"levels"``) or our algorithm (``"ring"``,
-    ``"recursive_doubling"``, ``"tree"``, ``"direct"``, ``"dissemination"``).
-    ``body(call, *arrays)`` runs it inside the call: device ``Tensor`` objects for a device
-    engine, else flat host arrays and ``Blocks``.
-    """
-
-    operation: str
-    route: str
-    dtype: DType | None
-    count: int
-    op: ReduceOp | None
-    root: int | None
-    divisor: float
-    fingerprint: int
-    body: Body = dataclasses.field(repr=False, compare=False)
-
-    def __str__(self) -> str:
-        words = [self.operation]
-        if self.dtype is not None:
-            words.append(f"{self.dtype.name} x{self.count}")
-        if self.op is not None:
-            words.append(self.op.name)
-        if self.root is not None:
-            words.append(f"root {self.root}")
-        words.append(f"-> {self.route}")
-        if self.divisor != 1.0:
-            words.append(f"(then divided by {self.divisor:g})")
-        return " ".join(words) + f" [fingerprint {self.fingerprint:#018x}]"
 
 
 class Route:
@@ -83,7 +50,7 @@ class Route:
     def __init__(self, runner: Runner, native: Any, devices: DeviceRoute, info: GroupInfo, *, debug: bool) -> None:
         self.runner = runner
         self.native = native  # the transport's own collectives for this group, or None
-        self.levels: _twolevel.Levels | None = None  # a world spanning nodes: its two levels
+        self.levels: Levels | None = None  # a world spanning nodes: its two levels
         self.devices = devices
         self.info = info  # name, this rank, size, timeout
         self.keep = not debug  # debug mode compares every call across ranks: nothing is skipped
@@ -93,7 +60,7 @@ class Route:
         self._bodies: dict[Hashable, tuple[str, Body]] = {}
 
     # -- plans ------------------------------------------------------------------------------------
-    def use_levels(self, levels: _twolevel.Levels) -> None:
+    def use_levels(self, levels: Levels) -> None:
         """Run the group's collectives over ``levels`` from the next call on: the plans made
         for the flat group before are dropped."""
         self.levels = levels
@@ -180,12 +147,12 @@ class Route:
         """Where a call on host arrays runs, and its body: the transport's own collective
         when it can do this call (dtype, op; all_reduce up to its size limit) and the caller
         named none of our algorithms, else ours; in a world that spans nodes, the two levels
-        (``_twolevel``) for the collectives they run."""
+        (``_levels.run``) for the collectives they run."""
         key = (operation, dt, count, op, root, algorithm)
         found = self._bodies.get(key)
         if found is None:
             levels = self.levels
-            if levels is not None and algorithm in (None, "auto") and operation in _twolevel.OPERATIONS:
+            if levels is not None and algorithm in (None, "auto") and operation in LEVEL_OPERATIONS:
                 found = ("levels", levels.body(operation, dt, op, root))
             else:
                 found = _cpu_body(self.native, self.info, operation, dt, count, op, root, algorithm)
@@ -261,46 +228,46 @@ def _cpu_body(
         if own:
             return "transport", lambda call, x: native.all_reduce(x, dt, op, call.deadline, call.fingerprint, call.seq)
         name = all_reduce_algorithm(nbytes, size, algorithm, rank=rank)
-        run = _ring.all_reduce if name == "ring" else _doubling.all_reduce
+        run = ring.all_reduce if name == "ring" else doubling.all_reduce
         return name, lambda call, x: run(call, x, kernel, scale)
     if operation == "broadcast":
         if own:
             return "transport", lambda call, x: native.broadcast(x, at, dt, call.deadline, call.fingerprint, call.seq)
-        return "tree", lambda call, x: _tree.broadcast(call, x, at)
+        return "tree", lambda call, x: tree.broadcast(call, x, at)
     if operation == "reduce":
         if own:
             return "transport", lambda call, x: native.reduce(x, at, dt, op, call.deadline, call.fingerprint, call.seq)
-        return "tree", lambda call, x: _tree.reduce(call, x, at, kernel, scale)
+        return "tree", lambda call, x: tree.reduce(call, x, at, kernel, scale)
     if operation == "all_gather":
         if own:
-            return "transport", lambda call, x, blocks: _native.all_gather(native, call, x, blocks, dt)
+            return "transport", lambda call, x, blocks: native_calls.all_gather(native, call, x, blocks, dt)
         return "ring", _ring_all_gather
     if operation == "reduce_scatter":
         if size == 1:
             return "copy", _copy_first
         if own:
-            return "transport", lambda call, out, blocks: _native.reduce_scatter(native, call, out, blocks, dt, op)
-        return "ring", lambda call, out, blocks: _ring.reduce_scatter(call, out, blocks, kernel, scale)
+            return "transport", lambda call, out, blocks: native_calls.reduce_scatter(native, call, out, blocks, dt, op)
+        return "ring", lambda call, out, blocks: ring.reduce_scatter(call, out, blocks, kernel, scale)
     if operation == "gather":
         if own:
-            return "transport", lambda call, x, blocks: _native.gather(native, call, x, blocks, at, dt)
-        return "direct", lambda call, x, blocks: _direct.gather(call, x, blocks, at)
+            return "transport", lambda call, x, blocks: native_calls.gather(native, call, x, blocks, at, dt)
+        return "direct", lambda call, x, blocks: direct.gather(call, x, blocks, at)
     if operation == "scatter":
         if own:
-            return "transport", lambda call, x, blocks: _native.scatter(native, call, x, blocks, at, dt)
-        return "direct", lambda call, x, blocks: _direct.scatter(call, x, blocks, at)
+            return "transport", lambda call, x, blocks: native_calls.scatter(native, call, x, blocks, at, dt)
+        return "direct", lambda call, x, blocks: direct.scatter(call, x, blocks, at)
     if operation == "all_to_all":  # no transport has its own all_to_all
-        return "direct", _direct.all_to_all
+        return "direct", direct.all_to_all
     if operation == "barrier":
         if native is not None:
             return "transport", lambda call: native.barrier(call.deadline, call.fingerprint, call.seq)
-        return "dissemination", _tree.barrier
+        return "dissemination", tree.barrier
     raise AssertionError(f"no CPU route for {operation}")
 
 
 def _ring_all_gather(call: Call, x: Array, blocks: Blocks) -> None:
     blocks[call.rank][...] = x
-    _ring.all_gather(call, blocks)
+    ring.all_gather(call, blocks)
 
 
 def _copy_first(call: Call, out: Array, blocks: Blocks) -> None:

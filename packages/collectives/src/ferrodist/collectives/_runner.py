@@ -29,7 +29,7 @@ from ._work import Work, Worker
 Body = Callable[[Call], None]
 
 if TYPE_CHECKING:
-    from ._route import Plan
+    from ._plan import Plan
 
 
 def foreign(exc: Exception) -> FerrodistError:

@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ferrodist.collectives._call import Array
+from ferrodist.collectives._checks import Checker, on_group
+from ferrodist.collectives._timeouts import Timeout, seconds
 from ferrodist.core import CollectiveMismatch, FerrodistError, ProtocolError
 
-from ._call import Array
-from ._checks import Checker, on_group
-from ._timeouts import Timeout, seconds
-
 if TYPE_CHECKING:
-    from ._group import ProcessGroup
+    from ferrodist.collectives._group import ProcessGroup
 
 _INT64 = np.dtype(np.int64)
 

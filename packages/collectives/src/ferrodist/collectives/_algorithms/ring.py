@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._call import Array, Call, Reducer
-from ._plans import ring_plan
+from ferrodist.collectives._call import Array, Call, Reducer
+
+from .plans import ring_plan
 
 
 def all_reduce(call: Call, x: Array, reduce: Reducer, divisor: float) -> None:

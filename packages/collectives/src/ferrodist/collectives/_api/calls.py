@@ -9,14 +9,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ferrodist.collectives._composed import objects, tensors
+from ferrodist.collectives._group import ProcessGroup
+from ferrodist.collectives._start import levels
+from ferrodist.collectives._timeouts import Timeout
+from ferrodist.collectives._work import Work
 from ferrodist.core import InvalidArgument, ReduceOp
 from ferrodist.transport import Transport
 
-from . import _objects, _tensors, _twolevel_start
-from ._group import ProcessGroup
-from ._state import resolve
-from ._timeouts import Timeout
-from ._work import Work
+from .default_group import resolve
 
 
 def all_reduce(
@@ -243,7 +244,7 @@ def all_gather_into_tensor(
 ) -> Work | None:
     """Every rank's ``input_tensor`` into ``output_tensor`` (concatenated along dim 0, or
     stacked)."""
-    return _tensors.all_gather_into_tensor(
+    return tensors.all_gather_into_tensor(
         resolve(group), output_tensor, input_tensor, async_op=async_op, timeout=timeout
     )
 
@@ -259,7 +260,7 @@ def reduce_scatter_tensor(
 ) -> Work | None:
     """Group rank i's ``output`` = the reduction of block i of every rank's ``input``
     (blocks concatenated along dim 0, or stacked)."""
-    return _tensors.reduce_scatter_tensor(resolve(group), output, input, op, async_op=async_op, timeout=timeout)
+    return tensors.reduce_scatter_tensor(resolve(group), output, input, op, async_op=async_op, timeout=timeout)
 
 
 def all_to_all_single(
@@ -301,7 +302,7 @@ def broadcast_object_list(
     accepted and ignored: objects travel through host memory."""
     g = resolve(group)
     root = peer_rank(g, "broadcast_object_list", src, group_src, "src")
-    _objects.broadcast_object_list(g, object_list, g.group_rank(0) if root is None else root, timeout=timeout)
+    objects.broadcast_object_list(g, object_list, g.group_rank(0) if root is None else root, timeout=timeout)
 
 
 def all_gather_object(
@@ -309,7 +310,7 @@ def all_gather_object(
 ) -> None:
     """Every rank's picklable ``obj`` into ``object_list`` (one entry per rank, in rank
     order)."""
-    _objects.all_gather_object(resolve(group), object_list, obj, timeout=timeout)
+    objects.all_gather_object(resolve(group), object_list, obj, timeout=timeout)
 
 
 def gather_object(
@@ -325,7 +326,7 @@ def gather_object(
     (default 0, or group rank ``group_dst``); ``None`` elsewhere."""
     g = resolve(group)
     root = peer_rank(g, "gather_object", dst, group_dst, "dst")
-    _objects.gather_object(g, obj, object_gather_list, g.group_rank(0) if root is None else root, timeout=timeout)
+    objects.gather_object(g, obj, object_gather_list, g.group_rank(0) if root is None else root, timeout=timeout)
 
 
 def scatter_object_list(
@@ -341,7 +342,7 @@ def scatter_object_list(
     rank ``group_src``) into entry 0 of group rank i's ``scatter_object_output_list``."""
     g = resolve(group)
     root = peer_rank(g, "scatter_object_list", src, group_src, "src")
-    _objects.scatter_object_list(
+    objects.scatter_object_list(
         g,
         scatter_object_output_list,
         scatter_object_input_list,
@@ -372,4 +373,4 @@ def enable_two_levels(
 
         enable_two_levels(places=[(0, 0), (0, 1), (1, 0), (1, 1)], node_transport=inner[rank // 2][rank % 2])
     """
-    return _twolevel_start.enable_given(resolve(group), places, node_transport)
+    return levels.enable_given(resolve(group), places, node_transport)

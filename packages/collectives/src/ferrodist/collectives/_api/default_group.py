@@ -12,16 +12,15 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from ferrodist.collectives._debug import enabled_by_environment
+from ferrodist.collectives._device import requested_route
+from ferrodist.collectives._group import ProcessGroup
+from ferrodist.collectives._record import record_failure
+from ferrodist.collectives._start import levels
+from ferrodist.collectives._start.backends import make_transport
+from ferrodist.collectives._timeouts import seconds
 from ferrodist.core import FerrodistError, InvalidArgument, InvalidRank, NotInitialized
 from ferrodist.transport import DEFAULT_TIMEOUT, Transport
-
-from . import _twolevel_start
-from ._backends import make_transport
-from ._debug import enabled_by_environment
-from ._device import requested_route
-from ._group import ProcessGroup
-from ._record import record_failure
-from ._timeouts import seconds
 
 #: The least time the start may take when neither ``init_timeout`` nor FERRODIST_INIT_TIMEOUT says.
 DEFAULT_INIT_TIMEOUT = 60.0
@@ -207,7 +206,7 @@ def _two_levels(world: ProcessGroup, start_timeout: float) -> None:
     """The world of a job over several nodes: its two levels (a collective of every rank,
     within the start's ``start_timeout``); on failure, the world is closed and the error raised."""
     try:
-        _twolevel_start.enable(world, start_timeout)
+        levels.enable(world, start_timeout)
     except BaseException as exc:
         world._shutdown(1.0)
         world.transport.close()

@@ -27,11 +27,11 @@ from ferrodist.transport import (
     launch_info,
 )
 
-from ._levels import NODE_VARIABLES
+from .levels import NODE_VARIABLES
 
 #: Backends ``init_process_group`` can start ("auto" picks one; "gloo" is a name for "auto";
 #: "nccl" is "auto" with CUDA tensors through NCCL). "levels" is tcp between nodes and
-#: shared memory inside each (see ``_twolevel``).
+#: shared memory inside each (see ``_levels``).
 BACKENDS = ("simulated", "tcp", "shm", "mpi", "levels")
 _log = logging.getLogger("ferrodist.collectives")
 #: The backends that read the launcher's variables ("simulated" and "mpi" do not).
@@ -216,9 +216,9 @@ def auto_backend(env: Mapping[str, str] | None = None) -> tuple[str, str, Launch
 def _warn_caller(message: str) -> None:
     """A ``UserWarning`` that points at the first line outside this package (the user's
     ``init_process_group`` call)."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     level, frame = 2, sys._getframe(1)
-    while os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here and frame.f_back is not None:
+    while os.path.abspath(frame.f_code.co_filename).startswith(package) and frame.f_back is not None:
         level += 1
         frame = frame.f_back
     warnings.warn(message, UserWarning, stacklevel=level)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._call import Array, Call
-from ._checks import Blocks
+from ferrodist.collectives._call import Array, Call
+from ferrodist.collectives._checks import Blocks
 
-#: Scratch slots used here (the algorithms in _ring/_tree/_doubling use 0..2).
+#: Scratch slots used here (the algorithms in ring, tree and doubling use 0..2).
 _PACK = 7
 
 

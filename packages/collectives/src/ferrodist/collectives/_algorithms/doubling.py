@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ._call import Array, Call, Reducer
-from ._plans import doubling_plan
+from ferrodist.collectives._call import Array, Call, Reducer
+
+from .plans import doubling_plan
 
 
 def all_reduce(call: Call, x: Array, reduce: Reducer, divisor: float) -> None:

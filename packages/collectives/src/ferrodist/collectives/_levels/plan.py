@@ -20,25 +20,13 @@ byte (tests/collectives/test_levels.py).
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from ferrodist.collectives._algorithms.plans import chunk_layout
 from ferrodist.core import InvalidArgument
-from ferrodist.transport import this_host
 
-from ._objects import all_gather_object
-from ._plans import chunk_layout
-
-if TYPE_CHECKING:
-    from ._group import ProcessGroup
-
-__all__ = ["LevelsPlan", "Nodes", "discover_nodes", "levels_plan"]
-
-#: Where launchers say which node a rank runs on: ferrodist run and torchrun, then SLURM.
-NODE_VARIABLES = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
+__all__ = ["LevelsPlan", "Nodes", "levels_plan"]
 
 
 @dataclass(frozen=True)
@@ -138,37 +126,6 @@ class LevelsPlan:
             f"{len(self.counts)} shards; reduce-scatter and all-gather with ranks {list(self.node_ranks)}; "
             f"across nodes: shard {shards or 'none'}"
         )
-
-
-def discover_nodes(
-    group: ProcessGroup, env: Mapping[str, str] | None = None, host: str | None = None, timeout: float | None = None
-) -> Nodes:
-    """Which node each rank of ``group`` runs on, the same answer on every rank (a collective).
-
-    The launcher's node number where every rank has one (``GROUP_RANK`` or ``NODE_RANK``
-    from ``ferrodist run`` and torchrun, ``SLURM_NODEID``; each rank reads the first that is
-    set in ``env``, this process's environment by default), else the host each rank runs
-    on (``this_host()``, or ``host``). Nodes are numbered in the order of their first rank,
-    and a node's local ranks in the order of their global ranks. ``timeout``: the
-    collective's (default: the group's).
-    """
-    env = os.environ if env is None else env
-    node = next((env[name] for name in NODE_VARIABLES if env.get(name, "").strip()), None)
-    everyone: list[tuple[str | None, str]] = [("", "")] * group.size
-    all_gather_object(group, everyone, (node, host if host is not None else this_host()), timeout=timeout)
-    by_launcher = all(mine is not None for mine, _ in everyone)
-    keys = [str(mine) if by_launcher else where for mine, where in everyone]
-    numbers: dict[str, int] = {}
-    places: list[tuple[int, int]] = []
-    seen: dict[int, int] = {}
-    hosts: list[str] = []
-    for key, (_, where) in zip(keys, everyone, strict=True):
-        k = numbers.setdefault(key, len(numbers))
-        if k == len(hosts):
-            hosts.append(where)
-        places.append((k, seen.get(k, 0)))
-        seen[k] = seen.get(k, 0) + 1
-    return dataclasses.replace(Nodes.from_places(places), hosts=tuple(hosts))
 
 
 def levels_plan(nodes: Nodes, count: int, rank: int) -> LevelsPlan:

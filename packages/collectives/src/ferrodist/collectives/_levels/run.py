@@ -1,6 +1,6 @@
 """The two-level route: the world's collectives of a job that spans nodes, run as a step
 inside each node (shared memory), a step between nodes (the world's tcp transport) and,
-where the result is needed everywhere, a step inside the node again (see ``_levels``).
+where the result is needed everywhere, a step inside the node again (see ``plan``).
 
 Each call is one call of the world group: one number, one deadline, one abort. Its steps
 carry the call's number; each step has a fingerprint of its own (its operation, dtype,
@@ -25,15 +25,15 @@ from typing import Any
 
 import numpy as np
 
+from ferrodist.collectives._algorithms import doubling, ring, tree
+from ferrodist.collectives._algorithms.select import SMALL_MESSAGE_BYTES, all_reduce_algorithm
+from ferrodist.collectives._call import Array, Call, collective_tag
+from ferrodist.collectives._checks import Blocks
+from ferrodist.collectives._fingerprint import fingerprint
 from ferrodist.core import DType, FerrodistError, ReduceOp, reducer
 from ferrodist.transport import Transport
 
-from . import _doubling, _ring, _tree
-from ._call import Array, Call, collective_tag
-from ._checks import Blocks
-from ._fingerprint import fingerprint
-from ._levels import LevelsPlan, Nodes, levels_plan
-from ._select import SMALL_MESSAGE_BYTES, all_reduce_algorithm
+from .plan import LevelsPlan, Nodes, levels_plan
 
 __all__ = ["OPERATIONS", "PAIRS_BYTES", "PIECE_BYTES", "SMALL_BYTES", "Levels", "Steps", "in_global_ranks"]
 
@@ -295,7 +295,7 @@ class Steps:
         fp = fingerprint("all_reduce", dt, x.shape[0], op)
         self._inside(
             lambda n, f: n.all_reduce(x, dt, op, self._call.deadline, f, self._call.seq),
-            lambda c: _ring.all_reduce(c, x, reducer(dt, op), 1.0),
+            lambda c: ring.all_reduce(c, x, reducer(dt, op), 1.0),
             fp,
         )
 
@@ -307,7 +307,7 @@ class Steps:
         size = len(self._lv.members)
         self._inside(
             lambda n, f: n.reduce_scatter(inp, out, dt, op, self._call.deadline, f, self._call.seq),
-            lambda c: _ring.reduce_scatter(c, out, Blocks.of(inp, size), reducer(dt, op), 1.0),
+            lambda c: ring.reduce_scatter(c, out, Blocks.of(inp, size), reducer(dt, op), 1.0),
             fp,
         )
 
@@ -321,7 +321,7 @@ class Steps:
         def ours(c: Call) -> None:
             blocks = Blocks.of(out, size)
             blocks[local][...] = x
-            _ring.all_gather(c, blocks)
+            ring.all_gather(c, blocks)
 
         self._inside(lambda n, f: n.all_gather(x, out, dt, self._call.deadline, f, self._call.seq), ours, fp)
 
@@ -331,7 +331,7 @@ class Steps:
         fp = fingerprint("broadcast", dt, x.shape[0], root=root)
         self._inside(
             lambda n, f: n.broadcast(x, root, dt, self._call.deadline, f, self._call.seq),
-            lambda c: _tree.broadcast(c, x, root),
+            lambda c: tree.broadcast(c, x, root),
             fp,
         )
 
@@ -341,7 +341,7 @@ class Steps:
         fp = fingerprint("reduce", dt, x.shape[0], op, root)
         self._inside(
             lambda n, f: n.reduce(x, root, dt, op, self._call.deadline, f, self._call.seq),
-            lambda c: _tree.reduce(c, x, root, reducer(dt, op), 1.0),
+            lambda c: tree.reduce(c, x, root, reducer(dt, op), 1.0),
             fp,
         )
 
@@ -349,7 +349,7 @@ class Steps:
         if self._lv.inner is None:
             return
         self._inside(
-            lambda n, f: n.barrier(self._call.deadline, f, self._call.seq), _tree.barrier, fingerprint("barrier")
+            lambda n, f: n.barrier(self._call.deadline, f, self._call.seq), tree.barrier, fingerprint("barrier")
         )
 
     # -- the steps between nodes ------------------------------------------------------------------
@@ -369,9 +369,9 @@ class Steps:
             swap(lv.world, self._call, x, ranks[1 - mine], mine, tag, fp, reducer(dt, op), divisor)
             return
         c = self.across(ranks, step, fp)
-        run = _ring.all_reduce
+        run = ring.all_reduce
         if all_reduce_algorithm(x.nbytes, len(ranks), None, rank=lv.me) != "ring":
-            run = _doubling.all_reduce
+            run = doubling.all_reduce
         run(c, x, reducer(dt, op), divisor)
 
     # -- the collectives --------------------------------------------------------------------------
@@ -430,7 +430,7 @@ class Steps:
         lv = self._lv
         bridges, at, here = self._bridges(root)
         if lv.me in bridges:
-            _tree.broadcast(self.across(bridges, _LEADERS, fingerprint("broadcast", dt, x.shape[0], root=at)), x, at)
+            tree.broadcast(self.across(bridges, _LEADERS, fingerprint("broadcast", dt, x.shape[0], root=at)), x, at)
         self.node_broadcast(x, here, dt)
 
     def reduce(self, x: Array, dt: DType, root: int, op: ReduceOp) -> None:
@@ -443,7 +443,7 @@ class Steps:
         self.node_reduce(buf, here, dt, op.combine)
         if lv.me in bridges:
             c = self.across(bridges, _LEADERS, fingerprint("reduce", dt, x.shape[0], op, at))
-            _tree.reduce(c, buf, at, reducer(dt, op), op.divisor(lv.world_size))
+            tree.reduce(c, buf, at, reducer(dt, op), op.divisor(lv.world_size))
         # Every rank returns only once its node's bridge is through: a rank that only gave its
         # part would otherwise return before the other nodes were in the call, and miss a
         # failure of the call before.
@@ -511,11 +511,11 @@ class Steps:
         part = scratch.get(_SHARD, n * count, out.dtype)
         self.node_reduce_scatter(packed, part, dt, inside)
         c = self.across(lv.peers, 1 + lv.local, fingerprint("reduce_scatter", dt, n, op))
-        _ring.reduce_scatter(c, out, Blocks.of(part, count), reducer(dt, op), op.divisor(lv.world_size))
+        ring.reduce_scatter(c, out, Blocks.of(part, count), reducer(dt, op), op.divisor(lv.world_size))
 
     def barrier(self) -> None:
         lv = self._lv
         self.node_barrier()
         if lv.local == 0:
-            _tree.barrier(self.across(lv.leaders, _LEADERS, fingerprint("barrier")))
+            tree.barrier(self.across(lv.leaders, _LEADERS, fingerprint("barrier")))
         self.node_barrier()

@@ -1,24 +1,28 @@
-"""Starting the two levels of a world (``_twolevel``): from the launchers' placement, or
+"""Starting the two levels of a world (``_levels.run``): from the launchers' placement, or
 from places and node transports given (simulated nodes), agreed over the world before any
 rank switches, and attached to the world's route and abort watcher."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ferrodist.collectives._composed.objects import all_gather_object
+from ferrodist.collectives._levels.plan import Nodes
+from ferrodist.collectives._levels.run import Levels
 from ferrodist.core import FerrodistError, InvalidArgument
-from ferrodist.transport import ShmTransport, Transport
-
-from ._levels import Nodes, discover_nodes
-from ._objects import all_gather_object
-from ._twolevel import Levels
+from ferrodist.transport import ShmTransport, Transport, this_host
 
 if TYPE_CHECKING:
-    from ._group import ProcessGroup
+    from ferrodist.collectives._group import ProcessGroup
 
-__all__ = ["attach", "enable", "enable_given"]
+__all__ = ["NODE_VARIABLES", "attach", "discover_nodes", "enable", "enable_given"]
+
+#: Where launchers say which node a rank runs on: ferrodist run and torchrun, then SLURM.
+NODE_VARIABLES = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
 
 _log = logging.getLogger("ferrodist.collectives")
 #: The longest a node's ranks wait for each other to open their shared memory, unless the
@@ -168,3 +172,34 @@ class _Prefixed:
 
     def set(self, key: str, value: bytes) -> None:
         self._store.set(self._prefix + key, value)
+
+
+def discover_nodes(
+    group: ProcessGroup, env: Mapping[str, str] | None = None, host: str | None = None, timeout: float | None = None
+) -> Nodes:
+    """Which node each rank of ``group`` runs on, the same answer on every rank (a collective).
+
+    The launcher's node number where every rank has one (``GROUP_RANK`` or ``NODE_RANK``
+    from ``ferrodist run`` and torchrun, ``SLURM_NODEID``; each rank reads the first that is
+    set in ``env``, this process's environment by default), else the host each rank runs
+    on (``this_host()``, or ``host``). Nodes are numbered in the order of their first rank,
+    and a node's local ranks in the order of their global ranks. ``timeout``: the
+    collective's (default: the group's).
+    """
+    env = os.environ if env is None else env
+    node = next((env[name] for name in NODE_VARIABLES if env.get(name, "").strip()), None)
+    everyone: list[tuple[str | None, str]] = [("", "")] * group.size
+    all_gather_object(group, everyone, (node, host if host is not None else this_host()), timeout=timeout)
+    by_launcher = all(mine is not None for mine, _ in everyone)
+    keys = [str(mine) if by_launcher else where for mine, where in everyone]
+    numbers: dict[str, int] = {}
+    places: list[tuple[int, int]] = []
+    seen: dict[int, int] = {}
+    hosts: list[str] = []
+    for key, (_, where) in zip(keys, everyone, strict=True):
+        k = numbers.setdefault(key, len(numbers))
+        if k == len(hosts):
+            hosts.append(where)
+        places.append((k, seen.get(k, 0)))
+        seen[k] = seen.get(k, 0) + 1
+    return dataclasses.replace(Nodes.from_places(places), hosts=tuple(hosts))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._call import Array, Call
+from ferrodist.collectives._call import Array, Call
 
 
 def gather(call: Call, x: Array, blocks: Sequence[Array] | None, root: int) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._call import Array, Call, Reducer
-from ._plans import binomial_tree, dissemination_peers
+from ferrodist.collectives._call import Array, Call, Reducer
+
+from .plans import binomial_tree, dissemination_peers
 
 
 def broadcast(call: Call, x: Array, root: int) -> None:

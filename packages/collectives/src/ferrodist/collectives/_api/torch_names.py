@@ -19,15 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from ferrodist.collectives._composed.objects import pickled
+from ferrodist.collectives._group import ProcessGroup
+from ferrodist.collectives._timeouts import Timeout
+from ferrodist.collectives._work import Work
 from ferrodist.core import InvalidArgument, InvalidRank, ProtocolError, ReduceOp
 from ferrodist.transport import launch_info
 
-from ._api import all_gather_into_tensor, recv, reduce_scatter_tensor, send
-from ._group import ProcessGroup
-from ._objects import pickled
-from ._state import new_group, resolve
-from ._timeouts import Timeout
-from ._work import Work
+from .calls import all_gather_into_tensor, recv, reduce_scatter_tensor, send
+from .default_group import new_group, resolve
 
 _INT64 = np.dtype(np.int64)
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ferrodist.collectives._checks import on_group
+from ferrodist.collectives._group import ProcessGroup
+from ferrodist.collectives._work import Work
 from ferrodist.core import InvalidArgument
 
-from ._api import irecv, isend, peer_rank
-from ._checks import on_group
-from ._group import ProcessGroup
-from ._state import resolve
-from ._work import Work
+from .calls import irecv, isend, peer_rank
+from .default_group import resolve
 
 
 class P2POp:

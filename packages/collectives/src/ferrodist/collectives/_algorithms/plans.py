@@ -1,7 +1,7 @@
 """Algorithms as data: who talks to whom, at which step, about which chunk.
 
 Each plan is a plain value computed from (message size, group size, rank). The
-engines in ``_ring``, ``_doubling``, ``_tree`` and ``_direct`` only execute plans,
+engines in ``ring``, ``doubling``, ``tree`` and ``direct`` only execute plans,
 so tests can check a plan's properties (every chunk reduced once, every send
 matched by the receive of the same step) without moving a byte.
 """

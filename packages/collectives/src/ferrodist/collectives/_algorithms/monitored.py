@@ -15,9 +15,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ferrodist.collectives._call import Call
 from ferrodist.core import CollectiveTimeout
-
-from ._call import Call
 
 _TOKEN = np.ones(1, np.uint8)
 
