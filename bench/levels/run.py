@@ -91,7 +91,7 @@ def run_ferrodist(link: Link, library: str, payload: str, ranks: int, out: str) 
         node_env = dict(env, FERRODIST_SOCKET_IFNAME=host.device, GLOO_SOCKET_IFNAME=host.device)
         argv = [sys.executable, "-m", "ferrodist.launch", "run", "--nnodes", "2", "--node-rank", str(k)]
         argv += ["--master-addr", link.hosts[0].address, "--master-port", str(port), "-n", str(ranks)]
-        argv += ["-m", "ferrodist.launch._bench_worker", library, out, payload]
+        argv += ["-m", "ferrodist.launch._bench.worker", library, out, payload]
         procs.append(subprocess.Popen(host.command(*argv), env=node_env, stdout=subprocess.PIPE, text=True))
     finish(procs, library)
 
@@ -116,7 +116,7 @@ def run_mpi(link: Link, payload: str, ranks: int, out: str, workdir: str) -> Non
         argv += ["--bind-to", "none"]  # more ranks on a node than cores: Open MPI refuses to bind them
     argv += ["--host", ",".join(f"{h.address}:{ranks}" for h in link.hosts), "--mca", "plm_rsh_agent", str(agent)]
     argv += ["--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet, "-x", "PATH"]
-    argv += [sys.executable, "-m", "ferrodist.launch._bench_worker", "mpi4py", out, payload]
+    argv += [sys.executable, "-m", "ferrodist.launch._bench.worker", "mpi4py", out, payload]
     inner = " ".join(f"'{w}'" for w in argv)
     command = a.command("unshare", "--uts", "/bin/sh", "-c", f"hostname {a.namespace}; exec {inner}")
     finish([subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)], "mpi4py")

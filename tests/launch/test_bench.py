@@ -9,8 +9,8 @@ import sys
 import pytest
 
 pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
-from ferrodist.launch._bench import available, busbw
-from ferrodist.launch._report import table
+from ferrodist.launch._bench.report import table
+from ferrodist.launch._bench.sweep import available, busbw
 
 
 def test_busbw_follows_nccl_tests():
@@ -96,7 +96,7 @@ def test_the_floor_column_divides_the_baseline_by_the_floor():
 
 
 def test_passes_alternate_the_library_order_and_keep_each_fastest_median(monkeypatch):
-    from ferrodist.launch import _bench
+    from ferrodist.launch._bench import sweep
 
     calls: list[str] = []
     slow = {"a": [3.0, 1.0], "b": [2.0, 5.0]}  # seconds per pass, per library
@@ -109,10 +109,10 @@ def test_passes_alternate_the_library_order_and_keep_each_fastest_median(monkeyp
             for op in spec.ops
         ]
 
-    monkeypatch.setattr(_bench, "_run_library", fake_run)
-    monkeypatch.setattr(_bench, "available", lambda library, dtype="float32": None)
-    spec = _bench.BenchSpec(libraries=("a", "b"), ops=("broadcast", "all_reduce"), sizes=(4096,), passes=2)
-    records = _bench.sweep(spec, show_progress=False)
+    monkeypatch.setattr(sweep, "_run_library", fake_run)
+    monkeypatch.setattr(sweep, "available", lambda library, dtype="float32": None)
+    spec = sweep.BenchSpec(libraries=("a", "b"), ops=("broadcast", "all_reduce"), sizes=(4096,), passes=2)
+    records = sweep.sweep(spec, show_progress=False)
     assert calls == ["a", "b", "b", "a"]
     assert [(r["library"], r["op"], r["seconds"]) for r in records] == [
         ("a", "broadcast", 1.0),
@@ -233,14 +233,14 @@ class _CompilingLibrary(_ColdLibrary):
 def test_the_first_size_is_timed_warm(monkeypatch, tmp_path):
     """Every collective is warmed before the first timed size: its row is not slower than the
     next one for what a library does once."""
-    from ferrodist.launch import _bench_worker
+    from ferrodist.launch._bench import worker
 
-    monkeypatch.setattr(_bench_worker, "_library", lambda name: _ColdLibrary())
+    monkeypatch.setattr(worker, "_library", lambda name: _ColdLibrary())
     out = tmp_path / "results.jsonl"
     spec = {"ops": ["all_reduce", "broadcast"], "sizes": [4096, 16384], "dtype": "float32", "rounds": 3}
     spec.update(target=0.01, warmup=0.05)
     monkeypatch.setattr(sys, "argv", ["worker", "cold", str(out), json.dumps(spec)])
-    _bench_worker.main()
+    worker.main()
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["op"], r["bytes"]) for r in rows] == [
         ("all_reduce", 4096),
@@ -255,8 +255,8 @@ def test_the_plot_is_log_log_with_a_line_per_library_and_no_floor(monkeypatch, t
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
-    from ferrodist.launch._bench import FLOOR
-    from ferrodist.launch._report import plot
+    from ferrodist.launch._bench.report import plot
+    from ferrodist.launch._bench.sweep import FLOOR
 
     drawn: list = []
     monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: drawn.append(self))
@@ -271,14 +271,14 @@ def test_the_plot_is_log_log_with_a_line_per_library_and_no_floor(monkeypatch, t
 def test_every_size_is_timed_after_the_background_compiles(monkeypatch, tmp_path):
     """A size's first call may set a kernel compiling: the worker waits for it (``settle``)
     before it times that size, so no interpreted call is timed."""
-    from ferrodist.launch import _bench_worker
+    from ferrodist.launch._bench import worker
 
-    monkeypatch.setattr(_bench_worker, "_library", lambda name: _CompilingLibrary())
+    monkeypatch.setattr(worker, "_library", lambda name: _CompilingLibrary())
     out = tmp_path / "results.jsonl"
     spec = {"ops": ["all_reduce"], "sizes": [4096, 16384, 65536], "dtype": "float32", "rounds": 3}
     spec.update(target=0.01, warmup=0.02)
     monkeypatch.setattr(sys, "argv", ["worker", "compiling", str(out), json.dumps(spec)])
-    _bench_worker.main()
+    worker.main()
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 3
     assert all(r["seconds"] < 1e-3 for r in rows), rows

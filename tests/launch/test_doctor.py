@@ -23,7 +23,8 @@ import pytest
 
 pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
 from ferrodist.collectives import auto_backend
-from ferrodist.launch import _children, _probes, main
+from ferrodist.launch import main
+from ferrodist.launch._doctor import children, probes
 
 TOP_LEVEL = {
     "ok",
@@ -167,7 +168,7 @@ def test_the_cpu_section_agrees_with_llvm_and_the_machine_code(capsys, clean_env
     assert all(features.get(level) for level in cpu["simd_features"])
     if cpu["machine"] in ("x86_64", "AMD64"):
         widest = 512 if features.get("avx512f") else 256 if features.get("avx") else 128
-        assert cpu["simd"] == next(lv for lv in _probes._X86_LEVELS if features.get(lv))
+        assert cpu["simd"] == next(lv for lv in probes._X86_LEVELS if features.get(lv))
         assert 128 <= cpu["kernel_vector_bits"] <= widest
         assert cpu["kernel_vector_bits"] >= 256 or not features.get("avx2")
 
@@ -187,7 +188,7 @@ def test_a_full_dev_shm_without_memfd_is_a_problem_with_what_to_do(capsys, clean
     real = os.statvfs
 
     def small(path):
-        if path != _probes.SHM_DIR:
+        if path != probes.SHM_DIR:
             return real(path)
         return SimpleNamespace(f_blocks=64, f_bavail=1, f_frsize=1 << 20)  # 64 MiB, 1 MiB free
 
@@ -352,7 +353,7 @@ def test_a_probe_that_raises_is_a_line_not_a_traceback(capsys, clean_env):
     def broken():
         raise RuntimeError("boom")
 
-    clean_env.setattr(_probes, "numpy_section", broken)
+    clean_env.setattr(probes, "numpy_section", broken)
     code, text = doctor_text(capsys)
     assert code == 1 and "Traceback" not in text
     assert "numpy     could not check: RuntimeError: boom" in text
@@ -366,7 +367,7 @@ def test_a_probe_that_hangs_is_left_at_the_deadline(capsys, clean_env):
         release.wait(120)
         return {}
 
-    clean_env.setattr(_probes, "torch_section", hangs)
+    clean_env.setattr(probes, "torch_section", hangs)
     try:
         _, doc = doctor(capsys, "--timeout", "5")
     finally:
@@ -377,12 +378,12 @@ def test_a_probe_that_hangs_is_left_at_the_deadline(capsys, clean_env):
 
 def test_a_child_that_hangs_is_killed_at_the_deadline(clean_env):
     with pytest.raises(RuntimeError, match=r"did not finish within 1 s \(killed\)"):
-        _children.child_section("import time; time.sleep(60)", 1.0)
+        children.child_section("import time; time.sleep(60)", 1.0)
 
 
 def test_a_child_that_fails_gives_its_last_error_line():
     with pytest.raises(RuntimeError, match="ZeroDivisionError: division by zero"):
-        _children.child_section("1 / 0", 60.0)
+        children.child_section("1 / 0", 60.0)
 
 
 @pytest.mark.parametrize(

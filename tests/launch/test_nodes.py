@@ -23,9 +23,9 @@ from _helpers import free_port
 
 pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")
 from ferrodist.launch import main
-from ferrodist.launch._channel import HANDSHAKE, rank_token
-from ferrodist.launch._judge import Node, judge
-from ferrodist.launch._refused import NAMED
+from ferrodist.launch._nodes.channel import HANDSHAKE, rank_token
+from ferrodist.launch._nodes.judge import Node, judge
+from ferrodist.launch._nodes.refused import NAMED
 
 PLACE = Path(__file__).parents[1] / "integration" / "scripts" / "place.py"
 _PLACE_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FERRODIST_TOKEN")

@@ -7,10 +7,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ._bench import FLOOR, MATPLOTLIB, OPS, REFERENCES, BenchSpec, machine, plot_unavailable, startup, sweep
-from ._doctor import add_command as add_doctor_command
-from ._doctor import doctor
-from ._report import plot, table, write_json
+from ._bench.report import plot, table, write_json
+from ._bench.sweep import FLOOR, MATPLOTLIB, OPS, REFERENCES, BenchSpec, machine, plot_unavailable, startup, sweep
+from ._doctor.report import add_command as add_doctor_command
+from ._doctor.report import doctor
 from ._run import DEFAULT_GRACE, DEFAULT_JOIN_TIMEOUT, DEFAULT_NODES_PORT, run
 from ._warm import add_command as add_warm_command
 from ._warm import warm_command

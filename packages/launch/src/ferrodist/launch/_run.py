@@ -29,12 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NamedTuple
 
-from ._hub import Hub
-from ._member import Member
-from ._nodes import DEFAULT_JOIN_TIMEOUT, DEFAULT_SILENCE, HEARTBEAT, NodeFailure
+from ._nodes.hub import Hub
+from ._nodes.link import DEFAULT_JOIN_TIMEOUT, DEFAULT_SILENCE, HEARTBEAT, NodeFailure
+from ._nodes.member import Member
+from ._nodes.placement import Placement
 from ._output import Console
 from ._output import pump as _pump
-from ._placement import Placement
 from ._spawn import die_with, start_rank
 from ._verdict import RankEnd, describe, diagnose, read_error, signal_name
 

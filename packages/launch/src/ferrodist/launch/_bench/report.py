@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ._bench import FLOOR, busbw
+from ferrodist.launch._bench.sweep import FLOOR, busbw
 
 __all__ = ["plot", "table", "write_json"]
 

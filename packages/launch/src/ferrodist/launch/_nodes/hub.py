@@ -11,12 +11,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from ._channel import HANDSHAKE, MOST_KNOCKS, Channel, Knock, loopback
-from ._judge import Node, Outcome, judge
-from ._nodes import HEARTBEAT, NodeFailure, NodeLink, Watch, froze, read_signal
-from ._placement import Placement, place
-from ._refused import Refused
-from ._verdict import RankEnd, signal_name
+from ferrodist.launch._nodes.channel import HANDSHAKE, MOST_KNOCKS, Channel, Knock, loopback
+from ferrodist.launch._nodes.judge import Node, Outcome, judge
+from ferrodist.launch._nodes.link import HEARTBEAT, NodeFailure, NodeLink, Watch, froze, read_signal
+from ferrodist.launch._nodes.placement import Placement, place
+from ferrodist.launch._nodes.refused import Refused
+from ferrodist.launch._verdict import RankEnd, signal_name
 
 __all__ = ["Hub"]
 

@@ -4,7 +4,7 @@ The probes here run in the doctor's process (each in a thread the doctor abandon
 deadline): versions, Numba's kernel cache, the CPU's vector width, ``/dev/shm``, the network,
 the launcher variables. The native libraries that can block while loading (an MPI library,
 the CUDA driver, NCCL) are probed in child processes, which ``child_section`` kills at their
-deadline: see ``_children``. A probe may raise; the doctor turns that into a line.
+deadline: see ``children``. A probe may raise; the doctor turns that into a line.
 """
 
 from __future__ import annotations
@@ -120,8 +120,7 @@ def kernels_section() -> Section:
     """How many of the kernels ``ferrodist warm`` compiles (its defaults) the disk cache holds:
     a job compiles the missing ones beside its first steps, which are slower until then."""
     from ferrodist.core.kernels import cached
-
-    from ._warm import DEFAULT_DTYPES, DEFAULT_RANKS, kernel_list
+    from ferrodist.launch._warm import DEFAULT_DTYPES, DEFAULT_RANKS, kernel_list
 
     held, total = cached(kernel_list(DEFAULT_DTYPES, DEFAULT_RANKS))
     return {"cached": held, "total": total, "dtypes": list(DEFAULT_DTYPES), "ranks": DEFAULT_RANKS}

@@ -1,4 +1,4 @@
-"""One rank of a benchmark job: ``python -m ferrodist.launch._bench_worker LIBRARY OUT SPEC``.
+"""One rank of a benchmark job: ``python -m ferrodist.launch._bench.worker LIBRARY OUT SPEC``.
 
 LIBRARY is ``ferrodist:<backend>`` (shm, tcp, mpi), ``gloo`` (torch.distributed),
 ``mpi4py``, or ``floor``: every rank at once streams, with numpy over private memory, the

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._run import run
+from ferrodist.launch._run import run
 
 __all__ = ["FLOOR", "MATPLOTLIB", "BenchSpec", "busbw", "startup", "sweep"]
 
@@ -108,7 +108,7 @@ def plot_unavailable() -> str | None:
 
 
 def _run_library(library: str, spec: BenchSpec, progress: Callable[[], None]) -> list[dict[str, Any]]:
-    worker = [sys.executable, "-m", "ferrodist.launch._bench_worker"]
+    worker = [sys.executable, "-m", "ferrodist.launch._bench.worker"]
     payload = json.dumps(
         {
             "ops": list(spec.ops),

@@ -10,11 +10,11 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ._channel import ACCEPT, HANDSHAKE, MAGIC, NONCE, Channel, proof, recv_exact
-from ._judge import Node, Outcome
-from ._nodes import HEARTBEAT, NodeFailure, NodeLink, Watch, froze, read_signal
-from ._placement import Placement, place
-from ._verdict import RankEnd, diagnose, signal_name
+from ferrodist.launch._nodes.channel import ACCEPT, HANDSHAKE, MAGIC, NONCE, Channel, proof, recv_exact
+from ferrodist.launch._nodes.judge import Node, Outcome
+from ferrodist.launch._nodes.link import HEARTBEAT, NodeFailure, NodeLink, Watch, froze, read_signal
+from ferrodist.launch._nodes.placement import Placement, place
+from ferrodist.launch._verdict import RankEnd, diagnose, signal_name
 
 __all__ = ["Member"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._channel import rank_token
-from ._judge import Node
+from ferrodist.launch._nodes.channel import rank_token
+from ferrodist.launch._nodes.judge import Node
 
 __all__ = ["Placement", "place"]
 

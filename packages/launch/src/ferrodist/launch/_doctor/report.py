@@ -1,6 +1,6 @@
 """``ferrodist doctor``: what this machine offers a job, what a job would pick, what to fix.
 
-Every probe (``_probes``, ``_children``) runs at once, each in a daemon thread joined until a
+Every probe (``probes``, ``children``) runs at once, each in a daemon thread joined until a
 shared deadline; a probe still running then is abandoned (a child process is killed), and a
 probe that raised becomes its section's ``failed``. :func:`judge` reads the sections and says
 what is wrong, one line each with what to do; missing optional pieces (MPI, a GPU, NCCL)
@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _children, _probes
-from ._doctor_text import available, render, size_text
+from ferrodist.launch._doctor import children, probes
+from ferrodist.launch._doctor.text import available, render, size_text
 
 Section = dict[str, Any]
 
@@ -86,22 +86,22 @@ def _requirements(text: str) -> tuple[str, ...]:
 
 def diagnose(*, nprocs: int, master_addr: str | None, timeout: float) -> dict[str, Section]:
     """Run every probe at once; each section is the probe's dict, or ``{"failed": why}``."""
-    child = _children.child_section
-    probes: dict[str, Callable[[], Section]] = {
-        "python": _probes.python_section,
-        "numpy": _probes.numpy_section,
-        "numba": _probes.numba_section,
-        "kernels": _probes.kernels_section,
-        "cpu": _probes.cpu_section,
-        "shm": lambda: _probes.shm_section(nprocs),
-        "network": lambda: _probes.network_section(master_addr),
-        "token": _probes.token_section,
-        "torch": _probes.torch_section,
-        "auto": lambda: _probes.auto_section(nprocs),
-        "mpi": lambda: child(_children.MPI_PROGRAM, timeout),
-        "mpiexec": lambda: _children.mpiexec_section(timeout),
-        "gpu": lambda: child(_children.GPU_PROGRAM, timeout),
-        "nccl": lambda: child(_children.NCCL_PROGRAM, timeout),
+    child = children.child_section
+    by_section: dict[str, Callable[[], Section]] = {
+        "python": probes.python_section,
+        "numpy": probes.numpy_section,
+        "numba": probes.numba_section,
+        "kernels": probes.kernels_section,
+        "cpu": probes.cpu_section,
+        "shm": lambda: probes.shm_section(nprocs),
+        "network": lambda: probes.network_section(master_addr),
+        "token": probes.token_section,
+        "torch": probes.torch_section,
+        "auto": lambda: probes.auto_section(nprocs),
+        "mpi": lambda: child(children.MPI_PROGRAM, timeout),
+        "mpiexec": lambda: children.mpiexec_section(timeout),
+        "gpu": lambda: child(children.GPU_PROGRAM, timeout),
+        "nccl": lambda: child(children.NCCL_PROGRAM, timeout),
     }
     results: dict[str, Section] = {}
 
@@ -111,13 +111,15 @@ def diagnose(*, nprocs: int, master_addr: str | None, timeout: float) -> dict[st
         except Exception as exc:
             results[name] = {"failed": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__}
 
-    threads = {name: threading.Thread(target=run, args=(name, p), daemon=True) for name, p in probes.items()}
+    threads = {name: threading.Thread(target=run, args=(name, p), daemon=True) for name, p in by_section.items()}
     for thread in threads.values():
         thread.start()
     deadline = time.monotonic() + timeout + 2.0  # the children's own limit, and time to kill them
     for thread in threads.values():
         thread.join(max(0.0, deadline - time.monotonic()))
-    return {name: results.get(name) or {"failed": f"the probe did not finish within {timeout:g} s"} for name in probes}
+    return {
+        name: results.get(name) or {"failed": f"the probe did not finish within {timeout:g} s"} for name in by_section
+    }
 
 
 def judge(report: dict[str, Section], require: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
@@ -180,7 +182,7 @@ def _shm_problems(shm: Section) -> list[str]:
             f"{shm['settings_error']}: the shm backend refuses these; FERRODIST_SHM_CHUNK must be a positive "
             "multiple of 64 bytes and FERRODIST_SHM_SLOTS 1..6 (unset both for 1 MiB and 2)"
         )
-    if shm["arena_in"] != _probes.SHM_DIR:
+    if shm["arena_in"] != probes.SHM_DIR:
         return found
     why = "FERRODIST_SHM_MEMFD=0" if shm["memfd_disabled"] else str(shm["memfd"])
     need = f"the shm backend needs {size_text(shm['arena_bytes'])} there for a job of {shm['ranks']} ranks"

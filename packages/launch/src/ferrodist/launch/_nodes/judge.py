@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._verdict import RankEnd, RankError, diagnose, signal_name
+from ferrodist.launch._verdict import RankEnd, RankError, diagnose, signal_name
 
 __all__ = ["Node", "Outcome", "judge"]
 
