@@ -1,7 +1,9 @@
-"""Two-level all_reduce plans (shared memory inside a node, the network between) as values:
-for every shape of nodes x ranks, uneven nodes and any numbering of the ranks included, the
-three steps the plans describe give every rank the flat all_reduce's result, and each node
-sends each shard across nodes once."""
+"""Two-level plans (shared memory inside a node, the network between) as values: for every
+shape of nodes x ranks, uneven nodes and any numbering of the ranks included, the three steps
+of the sharded all_reduce give every rank the flat all_reduce's result, each node sends each
+shard across nodes once, and in every collective's step plan the ranks of each step agree on
+it and meet the steps they share in one order (what keeps a two-level call from hanging or
+taking another step's messages)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from hypothesis import strategies as st
 
 from _helpers import examples
 from ferrodist.collectives._levels.plan import LevelsPlan, Nodes, levels_plan
-from ferrodist.core import InvalidArgument
+from ferrodist.collectives._levels.steps import OPERATIONS, SMALL_BYTES, Step, plan_steps, spans
+from ferrodist.core import InvalidArgument, ReduceOp, float64
 
 SIZES = st.lists(st.integers(1, 4), min_size=1, max_size=5)  # ranks per node
 
@@ -153,3 +156,63 @@ def test_the_ranks_on_a_host_count_every_node_that_runs_there():
     nodes = Nodes(((0, 1), (2, 3), (4,)), hosts=("a/boot", "a/boot", "b/boot"))
     assert [nodes.ranks_on_host(k) for k in range(3)] == [4, 4, 1]  # two nodes started on one machine
     assert Nodes(((0, 1), (2,))).ranks_on_host(0) == 2  # hosts unknown: the node's own
+
+
+def _shared(step: Step) -> tuple[object, ...]:
+    """What every rank of a step must say about it alike."""
+    count = step.data.count if step.data is not None and step.algorithm != "exchange" else 0
+    return (
+        step.level,
+        step.operation,
+        step.algorithm,
+        step.ranks,
+        step.number,
+        step.fingerprint,
+        step.root,
+        step.op,
+        step.divisor,
+        count,
+    )
+
+
+@settings(max_examples=examples(300))
+@given(
+    nodes=placements(),
+    operation=st.sampled_from(OPERATIONS),
+    count=st.sampled_from((1, 3, 100, 2000, SMALL_BYTES // 8 + 5)),
+    op=st.sampled_from((ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX)),
+    root_seed=st.integers(0, 1000),
+    arena=st.booleans(),
+)
+def test_the_ranks_of_every_step_agree_on_it_and_meet_their_steps_in_one_order(
+    nodes, operation, count, op, root_seed, arena
+):
+    size = nodes.world_size
+    if size < 2 or len(nodes.members) < 2:
+        return
+    root = root_seed % size if operation in ("broadcast", "reduce") else None
+    reduces = operation in ("all_reduce", "reduce", "reduce_scatter")
+    plans = [plan_steps(nodes, r, arena, operation, float64, count, op if reduces else None, root) for r in range(size)]
+    talks = [[s for s in plan.steps if s.level != "here"] for plan in plans]
+    for r, steps in enumerate(talks):
+        for step in steps:
+            assert step.ranks[step.index] == r, str(plans[r])
+            if step.level == "node":
+                assert step.ranks == nodes.members[nodes.place(r)[0]]
+            else:
+                assert len({nodes.place(q)[0] for q in step.ranks}) == len(step.ranks), "one rank per node"
+        for q in range(size):
+            if q == r:
+                continue
+            mine = [_shared(s) for s in steps if q in s.ranks]
+            theirs = [_shared(s) for s in talks[q] if r in s.ranks]
+            assert mine == theirs, f"ranks {r} and {q} disagree:\n{plans[r]}\n{plans[q]}"
+            for step in steps:  # an exchange receives from each peer what that peer sends
+                if step.algorithm == "exchange" and q in step.ranks:
+                    sent = next(s for s in talks[q] if _shared(s) == _shared(step)).data
+                    assert sent is not None and step.parts[step.ranks.index(q)].count == sent.count
+    for plan in plans:  # every span lies inside its buffer
+        slots = dict(plan.scratch)
+        for span in spans(plan):
+            limit = slots[int(span.buffer.split()[1])] if span.buffer.startswith("scratch") else count
+            assert 0 <= span.start and span.start + span.count <= limit, f"{span} in\n{plan}"

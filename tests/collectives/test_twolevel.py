@@ -31,7 +31,8 @@ from ferrodist.collectives import (
     reduce_scatter,
 )
 from ferrodist.collectives._levels.plan import Nodes
-from ferrodist.collectives._levels.run import SMALL_BYTES, Levels, in_global_ranks
+from ferrodist.collectives._levels.run import Levels, in_global_ranks
+from ferrodist.collectives._levels.steps import SMALL_BYTES
 from ferrodist.core import (
     CollectiveMismatch,
     CollectiveTimeout,
@@ -39,6 +40,8 @@ from ferrodist.core import (
     GroupAborted,
     InvalidArgument,
     PeerLost,
+    ReduceOp,
+    float64,
 )
 from ferrodist.testing import assert_reduced, run_world
 
@@ -133,19 +136,19 @@ def test_bfloat16_and_large_tensors_on_the_sharded_path(nodes):
 
 
 def test_a_large_all_reduce_goes_in_pieces_each_with_its_three_steps(monkeypatch):
-    from ferrodist.collectives._levels import run as levels_run
+    from ferrodist.collectives._levels import steps
 
-    monkeypatch.setattr(levels_run, "PIECE_BYTES", 1024)  # 128 float64 per piece
-    monkeypatch.setattr(levels_run, "SMALL_BYTES", 64)
+    monkeypatch.setattr(steps, "PIECE_BYTES", 1024)  # 128 float64 per piece
+    monkeypatch.setattr(steps, "SMALL_BYTES", 64)
     count = 128 * 5 + 3 * 2 + 1  # five pieces, a shorter one, and a tail for the leaders
-    calls: list[int] = []
-    steps = levels_run.Steps.node_reduce_scatter
-
-    def counted(self, inp, out, dt, op):  # type: ignore[no-untyped-def]
-        calls.append(inp.shape[0])
-        steps(self, inp, out, dt, op)
-
-    monkeypatch.setattr(levels_run.Steps, "node_reduce_scatter", counted)
+    nodes = Nodes(((0, 1), (2, 3)))
+    for rank in range(4):
+        plan = steps.plan_steps(nodes, rank, False, "all_reduce", float64, count, ReduceOp.AVG)
+        pieces = [s.data.count for s in plan.steps if s.level == "node" and s.operation == "reduce_scatter"]
+        assert pieces == [128] * 5 + [6], str(plan)
+        across = [s for s in plan.steps if s.level == "across"]
+        assert [s.ranks for s in across] == [(rank % 2, 2 + rank % 2)] * 7  # a stream per local rank
+        assert across[-1].data == steps.Span("x", count - 1, 1)  # the tail, by the pairs
 
     def step() -> np.ndarray:
         x = _data(get_rank(), count, "float64")
@@ -153,7 +156,6 @@ def test_a_large_all_reduce_goes_in_pieces_each_with_its_three_steps(monkeypatch
         return x
 
     results = run_world(4, step, nodes=[2, 2])
-    assert sorted(set(calls)) == [6, 128] and len(calls) == 4 * 6, calls
     for x in results:
         assert_reduced(x, [_data(r, count, "float64") for r in range(4)], "avg")
         assert np.array_equal(x, results[0])
@@ -162,18 +164,25 @@ def test_a_large_all_reduce_goes_in_pieces_each_with_its_three_steps(monkeypatch
 @pytest.mark.parametrize(
     ("nodes", "count", "path"), [([2, 2], 100, "pairs"), ([2, 2], 3000, "leaders"), ([2, 1], 100, "leaders")]
 )
-def test_small_all_reduces_go_by_pairs_up_to_16_kib_on_equal_nodes(monkeypatch, nodes, count, path):
-    from ferrodist.collectives._levels import run as levels_run
+@pytest.mark.parametrize("arena", [False, True])
+def test_small_all_reduces_go_by_pairs_up_to_16_kib_on_equal_nodes(nodes, count, path, arena):
+    from ferrodist.collectives._levels.steps import plan_steps
 
-    seen: list[str] = []
-    for name in ("node_reduce", "node_all_reduce"):
-        original = getattr(levels_run.Steps, name)
-
-        def spy(self, *args, _original=original, _name=name):  # type: ignore[no-untyped-def]
-            seen.append(_name)
-            return _original(self, *args)
-
-        monkeypatch.setattr(levels_run.Steps, name, spy)
+    places = Nodes.from_places([(k, j) for k, n in enumerate(nodes) for j in range(n)])
+    for rank in range(sum(nodes)):
+        plan = plan_steps(places, rank, arena, "all_reduce", float64, count, ReduceOp.SUM)
+        said = [(s.level, s.operation, s.algorithm) for s in plan.steps]
+        inside = "arena" if arena else "ring"
+        if path == "pairs":
+            assert said == [("node", "all_reduce", inside), ("across", "all_reduce", "swap")], str(plan)
+            assert plan.steps[1].ranks == (rank % 2, 2 + rank % 2)
+        else:
+            leader = places.place(rank)[1] == 0
+            middle = [("across", "all_reduce", "swap")] if leader else []
+            alone = len(places.members[places.place(rank)[0]]) == 1
+            ends = [] if alone else [("node", "reduce", "arena" if arena else "tree")]
+            tail = [] if alone else [("node", "broadcast", "arena" if arena else "tree")]
+            assert said == ends + middle + tail, str(plan)
 
     def step() -> np.ndarray:
         x = np.full(count, get_rank() + 1.0)
@@ -182,7 +191,6 @@ def test_small_all_reduces_go_by_pairs_up_to_16_kib_on_equal_nodes(monkeypatch, 
 
     size = sum(nodes)
     assert all((x == size * (size + 1) / 2).all() for x in run_world(size, step, nodes=nodes))
-    assert set(seen) == {"node_all_reduce" if path == "pairs" else "node_reduce"}, seen
 
 
 def test_the_plan_says_levels_and_subgroups_stay_flat(capsys, monkeypatch):

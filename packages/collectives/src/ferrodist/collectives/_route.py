@@ -31,8 +31,8 @@ from ._checks import Blocks
 from ._debug import debugging_routes
 from ._device import RECORD_BYTES, DeviceRoute
 from ._fingerprint import COUNT_MASK, fingerprint
-from ._levels.run import OPERATIONS as LEVEL_OPERATIONS
 from ._levels.run import Levels
+from ._levels.steps import OPERATIONS as LEVEL_OPERATIONS
 from ._plan import Body, Plan
 from ._runner import Runner
 
