@@ -11,7 +11,7 @@ from _helpers import tcp_world
 from ferrodist.core import InvalidArgument, ProtocolError
 from ferrodist.transport import launch_info
 from ferrodist.transport._frames import DATA, encode_header
-from ferrodist.transport._net import local_address
+from ferrodist.transport._start.net import local_address
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from ferrodist.core import AuthenticationFailed, CollectiveTimeout, FerrodistError, InvalidArgument
-from ferrodist.transport import KeyValue, ShmTransport, TcpTransport, _auth
-from ferrodist.transport._rendezvous import STORE_KEY
+from ferrodist.transport import KeyValue, ShmTransport, TcpTransport
+from ferrodist.transport._start import auth
+from ferrodist.transport._start.rendezvous import STORE_KEY
 
 
 class DictStore:
@@ -83,7 +84,7 @@ def test_a_job_starts_through_an_outside_store_without_any_port(kind, monkeypatc
     """Without FERRODIST_TOKEN no secret goes into the store (torch's lets anyone who reaches
     its port read it): the job is open, and rank 0 says so once, with how to close it."""
     monkeypatch.delenv("FERRODIST_TOKEN", raising=False)
-    monkeypatch.setattr(_auth, "_OPEN", {"said": False, "left": False})
+    monkeypatch.setattr(auth, "_OPEN", {"said": False, "left": False})
     kv = DictStore()
     with caplog.at_level(logging.WARNING, logger="ferrodist.transport"):
         transports = connect_all(kv, 3, kind=kind)

@@ -14,12 +14,13 @@ import pytest
 
 from _helpers import free_port
 from ferrodist.core import BackendUnavailable, FerrodistError, InvalidArgument
-from ferrodist.transport import ShmTransport, StoreClient, TcpTransport, _rendezvous
-from ferrodist.transport._auth import connect_handshake
+from ferrodist.transport import ShmTransport, StoreClient, TcpTransport
 from ferrodist.transport._frames import HELLO, encode_header
-from ferrodist.transport._net import connect_with_retry
-from ferrodist.transport._rendezvous import Rendezvous
 from ferrodist.transport._slots import default_chunk
+from ferrodist.transport._start import rendezvous
+from ferrodist.transport._start.auth import connect_handshake
+from ferrodist.transport._start.net import connect_with_retry
+from ferrodist.transport._start.rendezvous import Rendezvous
 
 TOKEN = b"rendezvous-test"
 #: Every rank of a bad start must have failed within this many seconds (timeouts are 60 s;
@@ -236,7 +237,7 @@ def test_a_second_process_with_a_rank_just_after_the_start_stops_every_rank():
 
 
 def test_a_second_process_with_a_rank_long_after_the_start_is_refused_alone(monkeypatch):
-    monkeypatch.setattr(_rendezvous, "START_GRACE", 0.2)
+    monkeypatch.setattr(rendezvous, "START_GRACE", 0.2)
     port = free_port()
     transports, _ = finish(*start([(0, 2), (1, 2)], port), close=False)
     try:
@@ -263,11 +264,11 @@ def test_a_late_second_process_says_why_even_when_rank_0_closed_the_store_before
 
         def __init__(self) -> None:
             self.data: dict[str, bytes] = {
-                f"{_rendezvous._JOIN}/1/1": b"2 4242 host-a",
-                _rendezvous._STARTED: str(time.time()).encode(),
-                _rendezvous._STOPPED: b"1",
+                f"{rendezvous._JOIN}/1/1": b"2 4242 host-a",
+                rendezvous._STARTED: str(time.time()).encode(),
+                rendezvous._STOPPED: b"1",
             }
-            self.counts: dict[str, int] = {f"{_rendezvous._JOIN}/1": 1}
+            self.counts: dict[str, int] = {f"{rendezvous._JOIN}/1": 1}
             self.published = False
 
         def add(self, key: str, amount: int, timeout: float) -> int:
@@ -275,15 +276,15 @@ def test_a_late_second_process_says_why_even_when_rank_0_closed_the_store_before
             return self.counts[key]
 
         def set(self, key: str, value: object, timeout: float) -> None:
-            if key == _rendezvous._ABORT:
+            if key == rendezvous._ABORT:
                 self.published = True  # rank 0 sees it, stops its ranks and closes the store
             self.data[key] = value if isinstance(value, bytes) else str(value).encode()
 
         def check(self, keys: list[str], timeout: float) -> bool:
-            return all(k in self.data for k in keys) and not (self.published and _rendezvous._ABORT in keys)
+            return all(k in self.data for k in keys) and not (self.published and rendezvous._ABORT in keys)
 
         def get(self, key: str, timeout: float) -> bytes:
-            if self.published and key == _rendezvous._ABORT:
+            if self.published and key == rendezvous._ABORT:
                 raise PeerLost("rendezvous store at 127.0.0.1:1: the store is shutting down", peer=0, rank=1)
             return self.data[key]
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ferrodist.core import InvalidArgument
-from ferrodist.transport._segment import (
+from ferrodist.transport._shm.segment import (
     SegmentGone,
     _pid_namespace,
     create_segment,

@@ -1,6 +1,6 @@
-"""The shared-memory protocol in Python (``_stepwise``) keeps its compiled twins' numbers.
+"""The shared-memory protocol in Python (``stepwise``) keeps its compiled twins' numbers.
 
-Ranks that run ``_stepwise`` and ranks that run ``_chunks`` meet in one call (see
+Ranks that run ``stepwise`` and ranks that run ``loops`` meet in one call (see
 tests/integration/test_cold_cache.py, which runs both in one job); here the pieces that
 decide the bits: the blocks of a chunk, and the fold of more ranks than one kernel reads.
 """
@@ -11,13 +11,13 @@ import numpy as np
 
 from ferrodist.core import ReduceOp, bfloat16, float16, float32, reducer
 from ferrodist.core.kernels import MAX_FUSED_SOURCES
-from ferrodist.transport import _chunks, _stepwise
+from ferrodist.transport._shm import loops, stepwise
 
 
 def test_the_blocks_of_a_chunk_are_the_compiled_loops_blocks():
     for m in (1, 2, 7, 64, 1000, 1 << 18):
         for p in (1, 2, 3, 4, 7, 9):
-            assert _stepwise.split(m, p) == [_chunks._bounds(m, p, q) for q in range(p)], (m, p)
+            assert stepwise.split(m, p) == [loops._bounds(m, p, q) for q in range(p)], (m, p)
 
 
 def test_more_half_ranks_than_one_kernel_reads_accumulate_in_float32_and_round_once():
@@ -29,7 +29,7 @@ def test_more_half_ranks_than_one_kernel_reads_accumulate_in_float32_and_round_o
         srcs = [rng.normal(0, 1000, 4096).astype(np.float32).astype(dt.numpy) for _ in range(ranks)]
         for op, divisor in ((ReduceOp.SUM, 1.0), (ReduceOp.AVG, float(ranks))):
             out = np.empty(4096, dt.numpy)
-            _stepwise.fold_for(dt, op, ranks)(out, srcs, divisor)
+            stepwise.fold_for(dt, op, ranks)(out, srcs, divisor)
             total = np.zeros(4096, np.float32)
             for s in srcs:
                 total += s.astype(np.float32)
@@ -40,5 +40,5 @@ def test_more_half_ranks_than_one_kernel_reads_accumulate_in_float32_and_round_o
 
 
 def test_other_folds_are_reducer():
-    assert _stepwise.fold_for(float32, ReduceOp.SUM, MAX_FUSED_SOURCES + 3) is reducer(float32, ReduceOp.SUM)
-    assert _stepwise.fold_for(bfloat16, ReduceOp.SUM, MAX_FUSED_SOURCES) is reducer(bfloat16, ReduceOp.SUM)
+    assert stepwise.fold_for(float32, ReduceOp.SUM, MAX_FUSED_SOURCES + 3) is reducer(float32, ReduceOp.SUM)
+    assert stepwise.fold_for(bfloat16, ReduceOp.SUM, MAX_FUSED_SOURCES) is reducer(bfloat16, ReduceOp.SUM)

@@ -16,7 +16,7 @@ import pytest
 from _helpers import free_port
 from ferrodist.core import AuthenticationFailed, BackendUnavailable, CollectiveTimeout, InvalidArgument, PeerLost
 from ferrodist.transport import StoreClient, StoreServer, TcpTransport
-from ferrodist.transport._net import HANDSHAKE_LIMIT
+from ferrodist.transport._start.net import HANDSHAKE_LIMIT
 
 TOKEN = b"job-secret"
 #: How much later than its timeout a store call may return.
@@ -350,7 +350,7 @@ def test_a_store_whose_process_exits_answers_the_requests_it_applied():
     code = textwrap.dedent(
         """
         import sys, threading, time
-        from ferrodist.transport._store import StoreServer
+        from ferrodist.transport._start.store import StoreServer
         handle = StoreServer._handle
         def slow_answer(self, op, key, value, timeout):
             answer = handle(self, op, key, value, timeout)
@@ -381,7 +381,7 @@ def test_a_port_taken_between_bind_and_listen_is_port_in_use(monkeypatch):
     """Two processes bind the store's port with SO_REUSEADDR before either listens (both
     binds succeed on Linux); the other one listens first. This one must say the port is
     in use (PortInUse: rank 0 then joins the store there), not raise a bare OSError."""
-    from ferrodist.transport import _net
+    from ferrodist.transport._start import net
 
     other = socket.socket()
     other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -395,7 +395,7 @@ def test_a_port_taken_between_bind_and_listen_is_port_in_use(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "bind", bind_then_the_other_listens)
     try:
-        with pytest.raises(_net.PortInUse, match=f"port {port} on 127.0.0.1 is already in use"):
-            _net.listen("127.0.0.1", port, "rendezvous store (rank 0)")
+        with pytest.raises(net.PortInUse, match=f"port {port} on 127.0.0.1 is already in use"):
+            net.listen("127.0.0.1", port, "rendezvous store (rank 0)")
     finally:
         other.close()

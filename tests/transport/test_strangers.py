@@ -30,9 +30,9 @@ from ferrodist.core import (
     ProtocolError,
 )
 from ferrodist.transport import ShmTransport, StoreClient, TcpTransport
-from ferrodist.transport._auth import accept_handshake, connect_handshake
 from ferrodist.transport._frames import ABORT, DATA, GOODBYE, encode_header
-from ferrodist.transport._net import connect_with_retry
+from ferrodist.transport._start.auth import accept_handshake, connect_handshake
+from ferrodist.transport._start.net import connect_with_retry
 
 TOKEN = b"strangers-test"
 MiB = 1 << 20
@@ -444,7 +444,7 @@ class FakeComm:
 
 
 def test_under_mpiexec_with_mpi4py_rank_0_broadcasts_a_secret(monkeypatch):
-    from ferrodist.transport._auth import launcher_secret
+    from ferrodist.transport._start.auth import launcher_secret
 
     sent: list[bytes] = []
     secrets_of = []
@@ -468,7 +468,7 @@ def test_under_mpiexec_with_mpi4py_rank_0_broadcasts_a_secret(monkeypatch):
 
 
 def test_slurm_secrets_differ_between_jobs_and_the_file_is_made_once(tmp_path):
-    from ferrodist.transport._auth import launcher_secret
+    from ferrodist.transport._start.auth import launcher_secret
 
     env = {"SLURM_JOB_ID": "7", "FERRODIST_SECRET_FILE": str(tmp_path / "s" / "secret")}
     first = launcher_secret(0, 2, env)

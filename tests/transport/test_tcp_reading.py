@@ -174,12 +174,12 @@ def test_a_waiting_reader_gives_its_core_away_first_where_ranks_outnumber_the_co
     """With ``yields`` set (``share_host``: more ranks than cores), a caller whose message
     has not come calls ``sched_yield`` that many times, then sleeps in poll as before; the
     message still lands whole, and a wait without yields never yields."""
-    from ferrodist.transport import _link
+    from ferrodist.transport._tcp import link as links
 
     a, b = world(2)
     yielded: list[int] = []
-    real = _link.os.sched_yield
-    monkeypatch.setattr(_link.os, "sched_yield", lambda: yielded.append(1) or real())
+    real = links.os.sched_yield
+    monkeypatch.setattr(links.os, "sched_yield", lambda: yielded.append(1) or real())
     got = np.zeros(1024)
 
     def late_sender() -> None:
@@ -196,22 +196,27 @@ def test_a_waiting_reader_gives_its_core_away_first_where_ranks_outnumber_the_co
 
 @pytest.fixture(params=["compiled", "python"])
 def direct(request, monkeypatch):
-    """Both ways a small sendrecv reads directly: its compiled system calls (``_wire``, once
+    """Both ways a small sendrecv reads directly: its compiled system calls (``compiled``, once
     they are compiled) and the same steps in Python (before that, or off 64-bit Linux).
-    Returns a list that collects what each direct read did (``_link.DIRECT_*``)."""
+    Returns a list that collects what each direct read did (``links.DIRECT_*``)."""
     from ferrodist.core.kernels import wait_for_compiles
-    from ferrodist.transport import _link, _wire
+    from ferrodist.transport._tcp import compiled
+    from ferrodist.transport._tcp import link as links
 
     outcomes: list[int] = []
     if request.param == "python":
-        monkeypatch.setattr(_wire, "AVAILABLE", False)
+        monkeypatch.setattr(compiled, "AVAILABLE", False)
     else:
-        if not _wire.AVAILABLE:
+        if not compiled.AVAILABLE:
             pytest.skip("the compiled socket calls are built for 64-bit Linux only")
-        _wire.prepare_wire()
+        compiled.prepare_wire()
         assert wait_for_compiles(120)
-        seen = {_wire.DONE: _link.DIRECT_DONE, _wire.PAYLOAD: _link.DIRECT_PAYLOAD, _wire.OTHER: _link.DIRECT_OTHER}
-        exchange = _wire.exchange
+        seen = {
+            compiled.DONE: links.DIRECT_DONE,
+            compiled.PAYLOAD: links.DIRECT_PAYLOAD,
+            compiled.OTHER: links.DIRECT_OTHER,
+        }
+        exchange = compiled.exchange
 
         def spy(*args):  # type: ignore[no-untyped-def]
             result = exchange(*args)
@@ -219,9 +224,9 @@ def direct(request, monkeypatch):
                 outcomes.append(seen[result & 7])
             return result
 
-        monkeypatch.setattr(_wire, "exchange", spy)
-    real = _link.Link.read_direct
-    monkeypatch.setattr(_link.Link, "read_direct", lambda self, p, d: outcomes.append(real(self, p, d)) or outcomes[-1])
+        monkeypatch.setattr(compiled, "exchange", spy)
+    real = links.Link.read_direct
+    monkeypatch.setattr(links.Link, "read_direct", lambda self, p, d: outcomes.append(real(self, p, d)) or outcomes[-1])
     return outcomes
 
 
@@ -230,7 +235,7 @@ def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_t
     exchange's message. Whatever else comes first (a message of another tag, one that
     arrived before the call, one of the wrong size) goes through the mailbox as before."""
     from ferrodist.core import CollectiveMismatch
-    from ferrodist.transport import _link
+    from ferrodist.transport._tcp import link as links
 
     a, b = world(2)
     outcomes = direct
@@ -242,7 +247,7 @@ def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_t
         assert np.array_equal(got_a, theirs) and np.array_equal(got_b, mine)
 
     exchange(1)
-    assert _link.DIRECT_DONE in outcomes or _link.DIRECT_PAYLOAD in outcomes
+    assert links.DIRECT_DONE in outcomes or links.DIRECT_PAYLOAD in outcomes
 
     outcomes.clear()  # a message of another tag comes first: kept for its own receive
     b.send(np.array([7.0, 8.0, 9.0]), 0, tag=99)
@@ -274,7 +279,7 @@ def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_t
         "rank 0 expected 8000 bytes from rank 1 (tag 0x4)",
         "rank 1 expected 80 bytes from rank 0 (tag 0x4)",
     ]
-    assert _link.DIRECT_OTHER in outcomes
+    assert links.DIRECT_OTHER in outcomes
     exchange(5)
 
 
@@ -284,11 +289,12 @@ def test_a_large_sendrecv_lands_in_its_buffer_while_its_send_waits_for_room(worl
     while the peer's bytes come, and those must go straight into the posted receive's
     buffer, never into a message kept for a receive not yet posted (a copy of the whole
     payload, measured at half the speed)."""
-    from ferrodist.transport import _link, _mailbox
+    from ferrodist.transport._tcp import link as links
+    from ferrodist.transport._tcp import mailbox
 
     a, b = world(2)
     kept: list[int] = []
-    real = _mailbox.Mailbox.arriving
+    real = mailbox.Mailbox.arriving
 
     def arriving(self, src, tag, fingerprint, length):  # type: ignore[no-untyped-def]
         pending, arrival = real(self, src, tag, fingerprint, length)
@@ -296,8 +302,8 @@ def test_a_large_sendrecv_lands_in_its_buffer_while_its_send_waits_for_room(worl
             kept.append(length)
         return pending, arrival
 
-    monkeypatch.setattr(_mailbox.Mailbox, "arriving", arriving)
-    monkeypatch.setattr(_link, "_LINGER", 2.0)  # the links stay the callers' however slow this machine is now
+    monkeypatch.setattr(mailbox.Mailbox, "arriving", arriving)
+    monkeypatch.setattr(links, "_LINGER", 2.0)  # the links stay the callers' however slow this machine is now
     n = 2_000_000
     mine, theirs = np.arange(n, dtype=np.float64), -np.arange(n, dtype=np.float64)
     got_a, got_b, one = np.zeros(n), np.zeros(n), np.zeros(1)
@@ -322,12 +328,12 @@ def test_a_small_exchange_makes_no_system_call_from_python_once_compiled(world):
     may still take the general path now and then (its link's thread read the message first
     after a pause of the test), so most, not all, must make none."""
     from ferrodist.core.kernels import wait_for_compiles
-    from ferrodist.transport import _wire
+    from ferrodist.transport._tcp import compiled
 
-    if not _wire.AVAILABLE:
+    if not compiled.AVAILABLE:
         pytest.skip("the compiled socket calls are built for 64-bit Linux only")
     a, b = world(2)
-    _wire.prepare_wire()  # a link queues it at its first small frame; here before any
+    compiled.prepare_wire()  # a link queues it at its first small frame; here before any
     assert wait_for_compiles(120)
     calls: list[str] = []
 

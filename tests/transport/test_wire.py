@@ -1,4 +1,4 @@
-"""A small frame's system calls from compiled code (``_wire``): the bytes they write are the
+"""A small frame's system calls from compiled code (``compiled``): the bytes they write are the
 frames Python writes, and a read takes only the message it waits for, handing back exactly
 where it stopped for anything else."""
 
@@ -10,16 +10,16 @@ import socket
 import numpy as np
 import pytest
 
-from ferrodist.transport import _wire
 from ferrodist.transport._frames import DATA, HEADER, encode_header
+from ferrodist.transport._tcp import compiled
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not _wire.AVAILABLE, reason="the compiled socket calls are built for 64-bit Linux only"),
+    pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled socket calls are built for 64-bit Linux only"),
 ]
 
 TAG, FP = (1 << 63) + 12345, (1 << 64) - 7  # words with the top bit set: they cross as int64
-WORD = _wire.first_word(DATA)
+WORD = compiled.first_word(DATA)
 
 
 @pytest.fixture
@@ -33,13 +33,15 @@ def pair():
 
 
 def _send(sock: socket.socket, payload: np.ndarray, tag: int = TAG, sequence: int = 3, fp: int = FP) -> int:
-    words, message = np.zeros(_wire.HEADER_WORDS, np.int64), np.zeros(_wire.MSG_WORDS, np.uint64)
-    return _wire.send_frame(sock.fileno(), words, WORD, _wire.signed(tag), sequence, _wire.signed(fp), payload, message)
+    words, message = np.zeros(compiled.HEADER_WORDS, np.int64), np.zeros(compiled.MSG_WORDS, np.uint64)
+    return compiled.send_frame(
+        sock.fileno(), words, WORD, compiled.signed(tag), sequence, compiled.signed(fp), payload, message
+    )
 
 
 def _receive(sock, header, got, buf, tag=TAG, sequence=3, fp=FP, yields=0):
-    result = _wire.receive_frame(
-        sock.fileno(), header, got, WORD, _wire.signed(tag), sequence, _wire.signed(fp), buf, yields
+    result = compiled.receive_frame(
+        sock.fileno(), header, got, WORD, compiled.signed(tag), sequence, compiled.signed(fp), buf, yields
     )
     return result & 7, result >> 3
 
@@ -57,12 +59,12 @@ def test_a_read_fills_the_buffer_with_the_message_it_waits_for(pair):
     a, b = pair
     payload = np.arange(1000, dtype=np.uint8)
     header, buf = np.zeros(HEADER.size, np.uint8), np.zeros(1000, np.uint8)
-    assert _receive(b, header, 0, buf) == (_wire.WAIT, 0)  # nothing yet
+    assert _receive(b, header, 0, buf) == (compiled.WAIT, 0)  # nothing yet
     _send(a, payload)
-    assert _receive(b, header, 0, buf) == (_wire.DONE, 1000)
+    assert _receive(b, header, 0, buf) == (compiled.DONE, 1000)
     assert np.array_equal(buf, payload)
     _send(a, payload, sequence=4, fp=0)  # a sender without a fingerprint: not checked
-    assert _receive(b, header, 0, buf, sequence=4) == (_wire.DONE, 1000)
+    assert _receive(b, header, 0, buf, sequence=4) == (compiled.DONE, 1000)
 
 
 @pytest.mark.parametrize(
@@ -80,7 +82,7 @@ def test_a_read_hands_back_any_other_frame_with_its_whole_header_and_leaves_the_
     kw = {"tag": TAG, "sequence": 3, "fp": FP, **theirs}
     _send(a, np.ones(size, np.uint8), **kw)
     header, buf = np.zeros(HEADER.size, np.uint8), np.zeros(1000, np.uint8)
-    assert _receive(b, header, 0, buf) == (_wire.OTHER, HEADER.size)
+    assert _receive(b, header, 0, buf) == (compiled.OTHER, HEADER.size)
     assert header.tobytes() == encode_header(DATA, kw["tag"], kw["sequence"], kw["fp"], size)
     assert not buf.any()
     assert len(b.recv(4096)) == size  # the payload is still the stream's, for the general reader
@@ -91,9 +93,9 @@ def test_a_read_goes_on_from_a_partial_header_and_reports_a_partial_payload(pair
     frame = encode_header(DATA, TAG, 3, FP, 1000) + bytes(range(256)) * 3 + bytes(232)
     header, buf = np.zeros(HEADER.size, np.uint8), np.zeros(1000, np.uint8)
     a.send(frame[:10])
-    assert _receive(b, header, 0, buf) == (_wire.WAIT, 10)
+    assert _receive(b, header, 0, buf) == (compiled.WAIT, 10)
     a.send(frame[10:500])
-    assert _receive(b, header, 10, buf) == (_wire.PAYLOAD, 460)
+    assert _receive(b, header, 10, buf) == (compiled.PAYLOAD, 460)
     assert buf[:460].tobytes() == frame[HEADER.size : 500]
 
 
@@ -101,7 +103,7 @@ def test_the_end_of_the_stream_and_a_failed_socket_are_reported(pair):
     a, b = pair
     header, buf = np.zeros(HEADER.size, np.uint8), np.zeros(10, np.uint8)
     a.close()
-    assert _receive(b, header, 0, buf, yields=3) == (_wire.FAILED, 0)  # 0: the stream ended
+    assert _receive(b, header, 0, buf, yields=3) == (compiled.FAILED, 0)  # 0: the stream ended
     c, d = socket.socketpair()
     c.setblocking(False)
     d.close()
@@ -117,12 +119,12 @@ def test_an_exchange_reads_nothing_until_its_frame_is_all_out(pair):
     while _send(a, filler) == HEADER.size + filler.size:
         pass  # until a frame goes out only in part
     b.send(encode_header(DATA, TAG, 7, FP, 4) + b"abcd")
-    words, message = np.zeros(_wire.HEADER_WORDS, np.int64), np.zeros(_wire.MSG_WORDS, np.uint64)
+    words, message = np.zeros(compiled.HEADER_WORDS, np.int64), np.zeros(compiled.MSG_WORDS, np.uint64)
     header, buf = np.zeros(HEADER.size, np.uint8), np.zeros(4, np.uint8)
-    result = _wire.exchange_frames(
-        a.fileno(), words, _wire.signed(TAG), 8, _wire.signed(FP), filler, message, header, 0, 7, buf, 0
+    result = compiled.exchange_frames(
+        a.fileno(), words, compiled.signed(TAG), 8, compiled.signed(FP), filler, message, header, 0, 7, buf, 0
     )
-    assert result & 7 == _wire.UNSENT and 0 <= int(message[_wire.SENT]) < HEADER.size + filler.size
+    assert result & 7 == compiled.UNSENT and 0 <= int(message[compiled.SENT]) < HEADER.size + filler.size
     assert not buf.any() and a.recv(100) == encode_header(DATA, TAG, 7, FP, 4) + b"abcd"
 
 
@@ -131,13 +133,13 @@ def test_an_exchange_sends_its_frame_and_reads_the_reply():
     a.setblocking(False)
     try:
         b.send(encode_header(DATA, TAG, 5, FP, 4) + b"wxyz")  # the peer's half, already there
-        words, message = np.zeros(_wire.HEADER_WORDS, np.int64), np.zeros(_wire.MSG_WORDS, np.uint64)
+        words, message = np.zeros(compiled.HEADER_WORDS, np.int64), np.zeros(compiled.MSG_WORDS, np.uint64)
         header, buf = np.zeros(HEADER.size, np.uint8), np.zeros(4, np.uint8)
         mine = np.frombuffer(b"1234", np.uint8)
-        result = _wire.exchange_frames(
-            a.fileno(), words, _wire.signed(TAG), 9, _wire.signed(FP), mine, message, header, 0, 5, buf, 2
+        result = compiled.exchange_frames(
+            a.fileno(), words, compiled.signed(TAG), 9, compiled.signed(FP), mine, message, header, 0, 5, buf, 2
         )
-        assert (result & 7, result >> 3) == (_wire.DONE, 4) and buf.tobytes() == b"wxyz"
+        assert (result & 7, result >> 3) == (compiled.DONE, 4) and buf.tobytes() == b"wxyz"
         assert b.recv(100) == encode_header(DATA, TAG, 9, FP, 4) + b"1234"
     finally:
         a.close()
@@ -148,10 +150,10 @@ def test_a_process_queues_the_compiles_only_once_it_has_moved_enough_small_frame
     """A start moves a handful of frames through Python; the compiles (seconds of CPU on an
     empty cache) wait for the ``WORTH_COMPILING``-th, and go once."""
     queued: list[int] = []
-    monkeypatch.setattr(_wire, "_missed", 0)
-    monkeypatch.setattr(_wire, "prepare_wire", lambda: queued.append(_wire._missed))
-    for _ in range(_wire.WORTH_COMPILING - 1):
-        _wire.missed()
+    monkeypatch.setattr(compiled, "_missed", 0)
+    monkeypatch.setattr(compiled, "prepare_wire", lambda: queued.append(compiled._missed))
+    for _ in range(compiled.WORTH_COMPILING - 1):
+        compiled.missed()
     assert queued == []
-    _wire.missed()
-    assert queued == [_wire.WORTH_COMPILING]
+    compiled.missed()
+    assert queued == [compiled.WORTH_COMPILING]

@@ -25,8 +25,8 @@ import numpy as np
 
 import ferrodist.collectives as dist
 from ferrodist.core import FerrodistError
-from ferrodist.transport import _shm
-from ferrodist.transport._arena import Arena
+from ferrodist.transport._shm import transport as shm_transport
+from ferrodist.transport._shm.arena import Arena
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
 
         patches.append(mock.patch.object(Arena, "create", create_then_stop))
     if mode == "pause-before-attach" and rank == 1:
-        open_segment = _shm.open_segment
+        open_segment = shm_transport.open_segment
 
         def wait_then_open(address: str, size: int) -> int:
             (outdir / "published").write_text(address)
@@ -53,7 +53,7 @@ def main() -> None:
                 time.sleep(0.01)
             return open_segment(address, size)
 
-        patches.append(mock.patch.object(_shm, "open_segment", wait_then_open))
+        patches.append(mock.patch.object(shm_transport, "open_segment", wait_then_open))
     for patch in patches:
         patch.start()
     start = time.monotonic()

@@ -1,15 +1,15 @@
 """ferrodist.transport: moving bytes between ranks (the ``Transport`` protocol and its backends)."""
 
 from ._aborts import Notice
-from ._env import LaunchInfo, launch_info, this_host
 from ._faults import Faults
 from ._mpi import MpiCollectives, MpiTransport
-from ._net import interface_address, local_address
 from ._protocol import DEFAULT_TIMEOUT, NativeCollectives, Request, Store, Transport
-from ._shm import ShmCollectives, ShmTransport
+from ._shm.transport import ShmCollectives, ShmTransport
 from ._simulated import SimulatedTransport
-from ._store import KeyValue, StoreClient, StoreServer
-from ._tcp import TcpTransport
+from ._start.env import LaunchInfo, launch_info, this_host
+from ._start.net import interface_address, local_address
+from ._start.store import KeyValue, StoreClient, StoreServer
+from ._tcp.transport import TcpTransport
 from ._warmup import transport_kernels
 
 __all__ = [

@@ -29,7 +29,7 @@ from ferrodist.core import (
 )
 
 from ._aborts import Aborts, Notice, channel_of
-from ._matching import Buffer, as_bytes, check_match, check_peer, check_sources, check_tag, receive_timeout
+from ._checks import Buffer, as_bytes, check_match, check_peer, check_sources, check_tag, receive_timeout
 from ._protocol import DEFAULT_TIMEOUT
 
 __all__ = ["MpiCollectives", "MpiTransport", "mpi"]

@@ -16,8 +16,7 @@ from typing import Any
 from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
 
 from ._aborts import Aborts, Notice, channel_of, decode_notice, encode_notice
-from ._faults import Faults
-from ._matching import (
+from ._checks import (
     as_bytes,
     check_match,
     check_peer,
@@ -27,8 +26,9 @@ from ._matching import (
     receive_timeout,
     receiving,
 )
-from ._memstore import MemoryStore
+from ._faults import Faults
 from ._protocol import DEFAULT_TIMEOUT, Buffer
+from ._start.memstore import MemoryStore
 
 __all__ = ["SimulatedTransport"]
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from ferrodist.core import DType
 
-from ._loops import pipeline_kernels
-from ._spin import wait_kernels
-from ._wire import frame_kernels
+from ._shm.fronts import pipeline_kernels
+from ._shm.spin import wait_kernels
+from ._tcp.compiled import frame_kernels
 
 __all__ = ["transport_kernels"]
 

@@ -15,10 +15,10 @@ from collections.abc import Callable
 import numpy as np
 
 from ferrodist.core import CollectiveTimeout, FerrodistError
+from ferrodist.transport._aborts import fresh
+from ferrodist.transport._checks import check_match, receive_timeout, receiving
 
-from ._aborts import fresh
-from ._matching import check_match, receive_timeout, receiving
-from ._records import Arrival, Pending
+from .records import Arrival, Pending
 
 
 class Mailbox:

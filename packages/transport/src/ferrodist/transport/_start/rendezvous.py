@@ -10,7 +10,7 @@
    processes that claim the rank and ``ferrodist/join/<rank>/<n>`` says who each is (world
    size, pid, host). A second process with the same rank, or a world size other than
    rank 0's, is a conflict.
-3. The ranks connect pairwise (``_mesh``).
+3. The ranks connect pairwise (``mesh``).
 4. Every rank looks for an abort once more (``Rendezvous.finish``), and rank 0 marks the
    job started (``ferrodist/started``).
 
@@ -50,10 +50,10 @@ from ferrodist.core import (
     ProtocolError,
 )
 
-from ._accept import Refusals
-from ._auth import CLOSE_IT, say_open
-from ._net import HANDSHAKE_LIMIT, PortInUse, store_address
-from ._store import KeyValue, StoreClient, StoreServer
+from .accept import Refusals
+from .auth import CLOSE_IT, say_open
+from .net import HANDSHAKE_LIMIT, PortInUse, store_address
+from .store import KeyValue, StoreClient, StoreServer
 
 __all__ = [
     "POLL",

@@ -1,7 +1,7 @@
-"""The shared-memory collectives step by step in Python: the protocol of ``_chunks``.
+"""The shared-memory collectives step by step in Python: the protocol of ``loops``.
 
 gather, scatter, barrier and float16/bfloat16 reduce_scatter always run here. The others
-run here while their compiled loop (``_chunks``) for a call's dtype is still compiling in
+run here while their compiled loop (``loops``) for a call's dtype is still compiling in
 the background (see ``ferrodist.core.kernels.background``): a call never waits for a
 compiler. Each function keeps the protocol of its compiled twin to the word:
 the same chunks and slots, the same blocks of a chunk per rank, the same counters
@@ -23,7 +23,7 @@ import numpy as np
 from ferrodist.core import DType, ReduceOp, reducer
 from ferrodist.core.kernels import MAX_FUSED_SOURCES, fold_numpy, plan
 
-from ._arena import COPIED, GATHERED, REDUCED, Arena
+from .arena import COPIED, GATHERED, REDUCED, Arena
 
 __all__ = [
     "all_gather",
@@ -47,7 +47,7 @@ Fold = Callable[[Array, list[Array], float], None]
 
 def split(count: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` consecutive (start, stop) ranges covering ``count`` (sizes differ by at
-    most 1; ``_chunks._bounds``)."""
+    most 1; ``loops._bounds``)."""
     base, extra = divmod(count, parts)
     bounds, start = [], 0
     for i in range(parts):
@@ -111,7 +111,7 @@ def all_reduce_slot(
     fingerprint: int,
     seq: int,
 ) -> None:
-    """``_chunks.all_reduce_small``: every rank copies ``x`` into its slot and, after one
+    """``loops.all_reduce_small``: every rank copies ``x`` into its slot and, after one
     wait, folds every rank's slot into ``x`` in rank order. ``views[s][q]`` is rank q's
     slot s viewed as ``x``."""
     g, s = chunk(a, health, deadline, fingerprint, seq)
@@ -134,7 +134,7 @@ def all_reduce(
     fingerprint: int,
     seq: int,
 ) -> None:
-    """``_chunks.all_reduce``: per chunk, this rank copies into its slot the blocks the
+    """``loops.all_reduce``: per chunk, this rank copies into its slot the blocks the
     others reduce, folds its own block from ``x`` and the peers' slots into its slot (rank
     order), copies it back into ``x``, and (all_reduce, or the root of a reduce) copies the
     other blocks from their owners' slots. ``x`` is flat, of at least one element."""
@@ -168,7 +168,7 @@ def all_reduce(
 
 
 def broadcast(a: Arena, health: Health, x: Array, root: int, deadline: float, fingerprint: int, seq: int) -> None:
-    """``_chunks.broadcast`` over the bytes ``x`` (at least one): per chunk the root copies
+    """``loops.broadcast`` over the bytes ``x`` (at least one): per chunk the root copies
     it into its slot, the others copy it out; on the last chunk every rank checks every
     rank's call."""
     p, me = a.world, a.rank
@@ -191,7 +191,7 @@ def broadcast(a: Arena, health: Health, x: Array, root: int, deadline: float, fi
 
 
 def all_gather(a: Arena, health: Health, x: Array, out: Array, deadline: float, fingerprint: int, seq: int) -> None:
-    """``_chunks.all_gather`` over the bytes ``x`` (at least one) and ``out`` (rank-major):
+    """``loops.all_gather`` over the bytes ``x`` (at least one) and ``out`` (rank-major):
     per chunk each rank copies its part into its slot and its block of ``out``, then the
     others' parts out of their slots."""
     p, me = a.world, a.rank
@@ -223,7 +223,7 @@ def reduce_scatter(
     fingerprint: int,
     seq: int,
 ) -> None:
-    """``_chunks.reduce_scatter``: per chunk of ``per`` elements of each block, a rank copies
+    """``loops.reduce_scatter``: per chunk of ``per`` elements of each block, a rank copies
     into its slot its contribution to the other ranks' blocks (rank q's at q*m), then folds
     its own block from ``blocks`` and the peers' slots into ``out``, in rank order."""
     p, me, dtype = a.world, a.rank, blocks.dtype

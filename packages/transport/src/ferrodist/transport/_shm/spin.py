@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 
 from ferrodist.core.kernels import Ticket, background, jit, load_acquire, prepare, store_release
-
-from ._libc import sys_yield
+from ferrodist.transport._libc import sys_yield
 
 __all__ = [
     "CROWDED_YIELDS",

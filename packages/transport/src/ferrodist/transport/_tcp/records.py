@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._frames import DATA
-from ._matching import Buffer
+from ferrodist.transport._checks import Buffer
+from ferrodist.transport._frames import DATA
 
 if TYPE_CHECKING:
-    from ._tcp import TcpTransport
+    from .transport import TcpTransport
 
 __all__ = ["DONE", "PIECE", "Arrival", "Done", "Frame", "Pending", "Recv"]
 

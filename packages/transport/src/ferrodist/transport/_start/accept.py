@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass
 
 from ferrodist.core import FerrodistError, ProtocolError
+from ferrodist.transport._frames import HEADER, HELLO, decode_header
 
-from ._auth import Challenge, NotFerrodist
-from ._frames import HEADER, HELLO, decode_header
-from ._net import HANDSHAKE_LIMIT, tune
+from .auth import Challenge, NotFerrodist
+from .net import HANDSHAKE_LIMIT, tune
 
 __all__ = ["Gate", "Hello", "Refusals"]
 

@@ -1,6 +1,6 @@
 """A TCP transport's connection to one peer (``Link``).
 
-What a frame's header announces is not reserved before its bytes come (see ``_records``);
+What a frame's header announces is not reserved before its bytes come (see ``records``);
 an abort notice or a goodbye is read whole, but announcing more than ``NOTICE_LIMIT`` bytes
 is a ``ProtocolError``.
 
@@ -8,7 +8,7 @@ The link's socket is non-blocking and its reader resumable: whoever holds its re
 reads, a piece at a time, the link's own thread or a caller waiting for a message from
 this peer. ``TcpTransport`` (``_tcp``) owns the links and the matching of messages to
 receives; a link calls back into it for that (``_begin``, ``_complete``, ``_lose``).
-A frame of up to 64 KiB is sent, and a direct read done, by compiled code (``_wire``).
+A frame of up to 64 KiB is sent, and a direct read done, by compiled code (``compiled``).
 """
 
 from __future__ import annotations
@@ -23,15 +23,25 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ferrodist.core import FerrodistError, PeerLost, ProtocolError
+from ferrodist.transport._aborts import channel_of
+from ferrodist.transport._checks import Buffer
+from ferrodist.transport._frames import (
+    ABORT,
+    DATA,
+    GOODBYE,
+    HEADER,
+    HELLO,
+    MAGIC,
+    PROTOCOL_VERSION,
+    decode_header,
+    encode_header,
+)
 
-from . import _wire
-from ._aborts import channel_of
-from ._frames import ABORT, DATA, GOODBYE, HEADER, HELLO, MAGIC, PROTOCOL_VERSION, decode_header, encode_header
-from ._matching import Buffer
-from ._records import Frame, Pending
+from . import compiled
+from .records import Frame, Pending
 
 if TYPE_CHECKING:
-    from ._tcp import TcpTransport
+    from .transport import TcpTransport
 
 __all__ = ["DIRECT_DONE", "DIRECT_OTHER", "DIRECT_PAYLOAD", "DIRECT_WAIT", "NOTICE_LIMIT", "Link"]
 
@@ -46,8 +56,8 @@ _LOOK = 0.05
 _LAST_WORDS = 0.2
 #: What ``Link.read_direct`` did.
 DIRECT_DONE, DIRECT_WAIT, DIRECT_OTHER, DIRECT_PAYLOAD = range(4)
-_DATA_WORD = _wire.first_word(DATA)
-_WORDS = {kind: _wire.first_word(kind) for kind in (DATA, HELLO, GOODBYE, ABORT)}
+_DATA_WORD = compiled.first_word(DATA)
+_WORDS = {kind: compiled.first_word(kind) for kind in (DATA, HELLO, GOODBYE, ABORT)}
 
 
 class Link:
@@ -85,9 +95,9 @@ class Link:
         # the frame being read (guarded by read_lock)
         self._head = np.zeros(HEADER.size, np.uint8)
         self._header = memoryview(self._head)  # type: ignore[arg-type]
-        self._words = np.zeros(_wire.HEADER_WORDS, np.int64)  # the header being sent (send_lock)
+        self._words = np.zeros(compiled.HEADER_WORDS, np.int64)  # the header being sent (send_lock)
         self._words_bytes = memoryview(self._words).cast("B")  # type: ignore[arg-type]
-        self._message = np.zeros(_wire.MSG_WORDS, np.uint64)
+        self._message = np.zeros(compiled.MSG_WORDS, np.uint64)
         self._got = 0  # bytes of the header, then of the current piece of payload
         self._frame: Frame | None = None
         self._readable = select.poll()
@@ -266,11 +276,11 @@ class Link:
         ``DIRECT_OTHER`` (a whole header of another message: post pending, then begin that
         frame) or ``DIRECT_PAYLOAD`` (pending's message has begun: its frame is the
         link's now, pending claimed, and the general reader finishes it)."""
-        if _wire.AVAILABLE:
+        if compiled.AVAILABLE:
             try:
                 return self._read_compiled(pending, deadline)
-            except _wire.NotCompiled:  # its code is not ready yet: the same steps in Python
-                _wire.missed()
+            except compiled.NotCompiled:  # its code is not ready yet: the same steps in Python
+                compiled.missed()
         sock, header, yields = self.sock, self._header, self.transport.yields
         try:
             while self._got < HEADER.size:
@@ -324,32 +334,32 @@ class Link:
         return DIRECT_PAYLOAD
 
     def _read_compiled(self, pending: Pending, deadline: float, result: int | None = None) -> int:
-        """``read_direct``'s steps as one compiled call (``_wire.receive_frame``), while the
+        """``read_direct``'s steps as one compiled call (``compiled.receive_frame``), while the
         socket has bytes or the wait may give the core away; a poll between calls. ``result``:
         that of a call made already (``exchange``)."""
-        tag, fingerprint, buf = _wire.signed(pending.tag), _wire.signed(pending.fingerprint), pending.buf
+        tag, fingerprint, buf = compiled.signed(pending.tag), compiled.signed(pending.fingerprint), pending.buf
         yields = self.transport.yields
         while True:
             if result is None:
-                result = _wire.receive(
+                result = compiled.receive(
                     self.fd, self._head, self._got, _DATA_WORD, tag, self.recv_seq, fingerprint, buf, yields
                 )
             status, count = result & 7, result >> 3
-            if status != _wire.WAIT:
+            if status != compiled.WAIT:
                 break
             self._got, yields, result = count, 0, None
             if not self._wait(self._readable, min(deadline, time.monotonic() + _LOOK)):
                 return DIRECT_WAIT  # the general reader looks at aborts and the deadline
-        if status == _wire.FAILED:  # errno, or 0: the stream ended (the general reader says so)
+        if status == compiled.FAILED:  # errno, or 0: the stream ended (the general reader says so)
             if count:
                 self._failed(OSError(count, os.strerror(count)))
             return DIRECT_WAIT
-        if status == _wire.OTHER:
+        if status == compiled.OTHER:
             self._got = HEADER.size
             return DIRECT_OTHER
         self._got = 0
         self.recv_seq += 1
-        if status == _wire.DONE:
+        if status == compiled.DONE:
             pending.done = True
             return DIRECT_DONE
         frame = Frame(pending.tag, pending.fingerprint, pending, None)
@@ -374,7 +384,7 @@ class Link:
     def exchange(self, payload: Buffer, pending: Pending, deadline: float) -> bool:
         """A small ``sendrecv`` with this peer both ways, on the claimed link: the frame out
         and, where nothing can be in the way (as in ``take``), pending's message read into
-        its buffer, in one compiled call (``_wire.exchange_frames``); what that leaves
+        its buffer, in one compiled call (``compiled.exchange_frames``); what that leaves
         undone goes on as ``send`` and ``take`` would. False: nothing was sent (the code is
         not ready yet, or the link is not clear), the caller sends and takes as usual.
         Raises what ``send`` raises."""
@@ -385,30 +395,30 @@ class Link:
                 if not self._clear(pending.tag):
                     return False
                 try:
-                    result = _wire.exchange(
-                        self.fd, self._words, _wire.signed(pending.tag), self.send_seq,
-                        _wire.signed(pending.fingerprint), payload, self._message, self._head, self._got,
+                    result = compiled.exchange(
+                        self.fd, self._words, compiled.signed(pending.tag), self.send_seq,
+                        compiled.signed(pending.fingerprint), payload, self._message, self._head, self._got,
                         self.recv_seq, pending.buf, self.transport.yields,
                     )  # fmt: skip
-                except _wire.NotCompiled:
-                    _wire.missed()
+                except compiled.NotCompiled:
+                    compiled.missed()
                     return False
                 self.send_seq += 1
                 status = result & 7
-                if status == _wire.DONE:  # the common case
+                if status == compiled.DONE:  # the common case
                     self._got = 0
                     self.recv_seq += 1
                     pending.done = True
                     return True
-                if status == _wire.WAIT:  # not here yet: take() waits for it without the send lock
+                if status == compiled.WAIT:  # not here yet: take() waits for it without the send lock
                     self._got = result >> 3
-                elif status != _wire.UNSENT:
+                elif status != compiled.UNSENT:
                     self._settle(pending, self._read_compiled(pending, deadline, result))
                     return True
             finally:
                 self.let_go()
-            if status == _wire.UNSENT:
-                sent = int(self._message[_wire.SENT])
+            if status == compiled.UNSENT:
+                sent = int(self._message[compiled.SENT])
                 if sent < 0:
                     raise OSError(-sent, os.strerror(-sent))
                 self._finish(self._words_bytes, payload, sent, deadline)
@@ -518,14 +528,14 @@ class Link:
         nbytes = 0 if payload is None else payload.nbytes
         deadline = time.monotonic() + timeout
         with self.send_lock:
-            if payload is not None and 0 < nbytes <= _SMALL and _wire.AVAILABLE:
+            if payload is not None and 0 < nbytes <= _SMALL and compiled.AVAILABLE:
                 try:  # header and payload in one system call from compiled code
-                    sent = _wire.send(
-                        self.fd, self._words, _WORDS[kind], _wire.signed(tag), self.send_seq,
-                        _wire.signed(fingerprint), payload, self._message,
+                    sent = compiled.send(
+                        self.fd, self._words, _WORDS[kind], compiled.signed(tag), self.send_seq,
+                        compiled.signed(fingerprint), payload, self._message,
                     )  # fmt: skip
-                except _wire.NotCompiled:  # its code is not ready yet: the same steps in Python
-                    _wire.missed()
+                except compiled.NotCompiled:  # its code is not ready yet: the same steps in Python
+                    compiled.missed()
                 else:
                     self.send_seq += 1
                     if sent < 0:

@@ -11,19 +11,19 @@ import numpy as np
 from ferrodist.core import DType, ReduceOp
 from ferrodist.core.kernels import background, plan
 
-from . import _chunks
+from . import loops
 
 __all__ = ["ALL_GATHER", "ALL_REDUCE", "BROADCAST", "REDUCE_SCATTER", "SMALL", "SMALL_START", "pipeline_kernels"]
 
 #: The compiled loops, called from Python only through their fronts: a call whose loop is not
-#: compiled for its dtype yet raises ``NotCompiled`` before it starts, and runs ``_stepwise``
+#: compiled for its dtype yet raises ``NotCompiled`` before it starts, and runs ``stepwise``
 #: instead while the loop compiles in the background.
-SMALL_START = background(_chunks.all_reduce_small_start)
-SMALL = background(_chunks.all_reduce_small)
-ALL_REDUCE = background(_chunks.all_reduce)
-BROADCAST = background(_chunks.broadcast)
-ALL_GATHER = background(_chunks.all_gather)
-REDUCE_SCATTER = background(_chunks.reduce_scatter)
+SMALL_START = background(loops.all_reduce_small_start)
+SMALL = background(loops.all_reduce_small)
+ALL_REDUCE = background(loops.all_reduce)
+BROADCAST = background(loops.broadcast)
+ALL_GATHER = background(loops.all_gather)
+REDUCE_SCATTER = background(loops.reduce_scatter)
 
 
 def pipeline_kernels(dtypes: Sequence[DType]) -> list[tuple[Any, tuple[Any, ...]]]:
@@ -34,7 +34,7 @@ def pipeline_kernels(dtypes: Sequence[DType]) -> list[tuple[Any, tuple[Any, ...]
     floats, which fold step by step)."""
     from numba import typeof, types
 
-    data, words, state = typeof(np.zeros(1, np.uint8)), typeof(np.zeros(1, np.uint64)), typeof(_chunks.new_state())
+    data, words, state = typeof(np.zeros(1, np.uint8)), typeof(np.zeros(1, np.uint64)), typeof(loops.new_state())
     f, i = types.float64, types.int64
     items: list[tuple[Any, tuple[Any, ...]]] = [
         (BROADCAST, (data, data, words, state)),

@@ -7,8 +7,7 @@ import time
 from collections.abc import Iterable
 
 from ferrodist.core import CollectiveTimeout
-
-from ._protocol import DEFAULT_TIMEOUT
+from ferrodist.transport._protocol import DEFAULT_TIMEOUT
 
 __all__ = ["MemoryStore"]
 

@@ -1,6 +1,6 @@
 """The shared-memory arena of a single-host job: control words and data slots.
 
-One segment per job (see ``_segment``: an anonymous memfd of rank 0, so nothing is left
+One segment per job (see ``segment``: an anonymous memfd of rank 0, so nothing is left
 behind whenever a rank is killed), made by rank 0 and mapped by every rank. Layout:
 
     control   world x 8 counters, each alone on a 64-byte line (no false sharing);
@@ -29,8 +29,8 @@ import numpy as np
 
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError, PeerLost
 
-from . import _futex
-from ._spin import SpinPolicy, first_different, publish, spin_then_yield, spin_until, yields_for
+from . import futex
+from .spin import SpinPolicy, first_different, publish, spin_then_yield, spin_until, yields_for
 
 __all__ = ["Arena"]
 
@@ -133,11 +133,11 @@ class Arena:
         """Publish this rank's counter and wake anyone sleeping on counters of this kind."""
         index = (self.rank * COUNTERS + which) * _WORDS_PER_LINE
         if publish(self._words, index, value, COUNTERS * _WORDS_PER_LINE, which * _WORDS_PER_LINE + 1, self.world):
-            _futex.wake(self._base + index * 8)
+            futex.wake(self._base + index * 8)
 
     def wake(self, which: int) -> None:
         """Wake ranks asleep on this rank's counter ``which`` (after a compiled loop published it)."""
-        _futex.wake(self._base + (self.rank * COUNTERS + which) * LINE)
+        futex.wake(self._base + (self.rank * COUNTERS + which) * LINE)
 
     def publish_call(self, slot: int, fingerprint: int, seq: int) -> None:
         """Say which call the chunk in ``slot`` belongs to (before publishing that chunk):
@@ -227,7 +227,7 @@ class Arena:
             seen = int(column[laggard])
             self._lines[self.rank, which, 1] = 1  # "I may sleep": wakers check this flag
             if int(column[laggard]) == seen and seen < target:
-                _futex.wait(self._base + (laggard * COUNTERS + which) * LINE, seen, min(left, _NAP))
+                futex.wait(self._base + (laggard * COUNTERS + which) * LINE, seen, min(left, _NAP))
             self._lines[self.rank, which, 1] = 0
 
 

@@ -8,12 +8,11 @@ import copy
 import time
 
 from ferrodist.core import AuthenticationFailed, FerrodistError, InvalidArgument
-
-from ._auth import Secret, job_secret, where_to_listen
-from ._env import launch_info
-from ._net import local_address
-from ._rendezvous import Rendezvous, report_bad_start
-from ._store import KeyValue
+from ferrodist.transport._start.auth import Secret, job_secret, where_to_listen
+from ferrodist.transport._start.env import launch_info
+from ferrodist.transport._start.net import local_address
+from ferrodist.transport._start.rendezvous import Rendezvous, report_bad_start
+from ferrodist.transport._start.store import KeyValue
 
 __all__ = ["describe_start", "report_start_failure", "with_start_notes"]
 

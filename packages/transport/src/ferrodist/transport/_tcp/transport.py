@@ -2,7 +2,7 @@
 
 Rendezvous goes through the store on rank 0: each rank listens on a free port, publishes
 ``host:port`` there, connects to every lower rank and accepts every higher one. Every
-connection is authenticated (``_auth``) and then introduced with a HELLO frame. Without a
+connection is authenticated (``auth``) and then introduced with a HELLO frame. Without a
 secret (no ``FERRODIST_TOKEN``, none from the launcher) a job listens on loopback only, and
 one across hosts is refused.
 
@@ -28,22 +28,31 @@ from typing import Any
 import numpy as np
 
 from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
+from ferrodist.transport._aborts import Aborts, Notice, channel_of, decode_notice, departure, encode_notice, fresh
+from ferrodist.transport._checks import (
+    Buffer,
+    as_bytes,
+    check_match,
+    check_peer,
+    check_sources,
+    check_tag,
+    lost_sender,
+    receiving,
+)
+from ferrodist.transport._frames import ABORT, DATA, GOODBYE
+from ferrodist.transport._protocol import DEFAULT_TIMEOUT
+from ferrodist.transport._shm.spin import yields_for
+from ferrodist.transport._start.accept import Refusals
+from ferrodist.transport._start.auth import job_secret, where_to_listen
+from ferrodist.transport._start.mesh import mesh
+from ferrodist.transport._start.net import local_address
+from ferrodist.transport._start.rendezvous import Rendezvous, open_store, open_store_through
+from ferrodist.transport._start.store import KeyValue, StoreClient, StoreServer
 
-from ._aborts import Aborts, Notice, channel_of, decode_notice, departure, encode_notice, fresh
-from ._accept import Refusals
-from ._auth import job_secret, where_to_listen
-from ._frames import ABORT, DATA, GOODBYE
-from ._link import NOTICE_LIMIT, Link
-from ._mailbox import Mailbox
-from ._matching import Buffer, as_bytes, check_match, check_peer, check_sources, check_tag, lost_sender, receiving
-from ._mesh import mesh
-from ._net import local_address
-from ._protocol import DEFAULT_TIMEOUT
-from ._records import DONE, Done, Frame, Pending, Recv
-from ._rendezvous import Rendezvous, open_store, open_store_through
-from ._spin import yields_for
-from ._store import KeyValue, StoreClient, StoreServer
-from ._tcp_start import describe_start, report_start_failure, with_start_notes
+from .link import NOTICE_LIMIT, Link
+from .mailbox import Mailbox
+from .records import DONE, Done, Frame, Pending, Recv
+from .start import describe_start, report_start_failure, with_start_notes
 
 __all__ = ["TcpTransport"]
 
@@ -107,7 +116,7 @@ class TcpTransport:
     ) -> TcpTransport:
         """Join the job: rank 0 hosts the store on ``master_addr:master_port``, every rank
         registers there and publishes its own listening address, and the ranks connect
-        pairwise (see ``_rendezvous``). A bad start (two processes with one rank, ranks
+        pairwise (see ``rendezvous``). A bad start (two processes with one rank, ranks
         with different world sizes, the master port held by something else) fails on every
         rank within seconds, with the same error.
 
@@ -122,7 +131,7 @@ class TcpTransport:
         interface (the one that routes to it; default: this host's name).
 
         The job's secret is ``token``, else ``FERRODIST_TOKEN``, else one the launcher
-        shares (see ``_auth.launcher_secret``: SLURM, mpiexec with mpi4py). Without any, the
+        shares (see ``auth.launcher_secret``: SLURM, mpiexec with mpi4py). Without any, the
         job listens on loopback only: ``one_host`` (default: the launcher's
         ``LOCAL_WORLD_SIZE == WORLD_SIZE``) says every rank runs on this host, and a job that
         may span hosts is refused.
@@ -535,7 +544,7 @@ class TcpTransport:
 
     def _stop(self, error: FerrodistError) -> None:
         """Stop this rank's part of the job with ``error`` (rank 0, when an abort comes just
-        after the start, see ``_rendezvous``): every later call here raises it, and every peer
+        after the start, see ``rendezvous``): every later call here raises it, and every peer
         gets a goodbye that carries it. The connections stay up until ``close``."""
         with self._cond:
             if self._closing or self._rank in self._lost:

@@ -52,8 +52,8 @@ from ferrodist.core.kernels import (
     store_release,
 )
 
-from ._arena import CALL, CALL_NUMBER, COPIED, COUNTERS, GATHERED, LINE, REDUCED
-from ._spin import first_different, publish, spin_until
+from .arena import CALL, CALL_NUMBER, COPIED, COUNTERS, GATHERED, LINE, REDUCED
+from .spin import first_different, publish, spin_until
 
 __all__ = [
     "DONE",
@@ -162,7 +162,7 @@ def _fold_in_typed(out, b, op, divisor):  # type: ignore[no-untyped-def]
 
 @jit(inline="always")
 def _bounds(m, p, q):  # type: ignore[no-untyped-def]
-    """Rank q's block of an m-element chunk (the split of ``_stepwise.split``)."""
+    """Rank q's block of an m-element chunk (the split of ``stepwise.split``)."""
     base, extra = m // p, m % p
     start = q * base + min(q, extra)
     return start, start + base + (1 if q < extra else 0)

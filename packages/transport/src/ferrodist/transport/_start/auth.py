@@ -9,13 +9,13 @@ never appears in a message or an error.
 Where the secret comes from (``TcpTransport.connect``): ``FERRODIST_TOKEN`` (``ferrodist run``
 makes one per job); else what the launcher already shares (``launcher_secret``: under SLURM
 the job id keyed with a per-user file, under mpiexec a broadcast over MPI; under torchrun
-rank 0 makes one and publishes it through torch's store, see ``_rendezvous``). A job with
+rank 0 makes one and publishes it through torch's store, see ``rendezvous``). A job with
 none of these runs the handshake with an empty key that anyone can compute, so it only
 listens on loopback: a job across hosts without a secret is refused before it opens a port.
 The first handshake of such a process logs one WARNING (logger ``ferrodist.transport``).
 
 The server side of the handshake runs in steps (``Challenge``), so that one thread can
-hold many handshakes at once (``_accept``); ``accept_handshake`` is the same, blocking.
+hold many handshakes at once (``accept``); ``accept_handshake`` is the same, blocking.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from ferrodist.core import AuthenticationFailed, CollectiveTimeout, InvalidArgument, ProtocolError
 
-from ._env import launch_info
-from ._net import HANDSHAKE_LIMIT, recv_exact
+from .env import launch_info
+from .net import HANDSHAKE_LIMIT, recv_exact
 
 __all__ = [
     "Challenge",
@@ -275,7 +275,7 @@ def _short(deadline: float, limit: float) -> float:
 
 class Challenge:
     """The server's side of one handshake, in steps, for a caller that does the reading and
-    writing itself (many handshakes in one thread, see ``_accept``): send ``greeting``, read
+    writing itself (many handshakes in one thread, see ``accept``): send ``greeting``, read
     ``REPLY`` bytes, and send what ``answer`` returns.
 
     Example::

@@ -27,17 +27,17 @@ from ferrodist.core import (
     reducer,
 )
 from ferrodist.core.kernels import NotCompiled, Ticket, pairwise_opcode, plan, prepare
+from ferrodist.transport._protocol import DEFAULT_TIMEOUT
+from ferrodist.transport._slots import DEFAULT_SLOTS, default_chunk
+from ferrodist.transport._start.env import this_host
+from ferrodist.transport._start.rendezvous import Rendezvous
+from ferrodist.transport._start.store import KeyValue
+from ferrodist.transport._tcp.transport import TcpTransport
 
-from . import _chunks, _spin, _stepwise
-from ._arena import Arena
-from ._env import this_host
-from ._loops import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, SMALL, SMALL_START
-from ._protocol import DEFAULT_TIMEOUT
-from ._rendezvous import Rendezvous
-from ._segment import SegmentGone, create_segment, open_segment
-from ._slots import DEFAULT_SLOTS, default_chunk
-from ._store import KeyValue
-from ._tcp import TcpTransport
+from . import loops, spin, stepwise
+from .arena import Arena
+from .fronts import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, SMALL, SMALL_START
+from .segment import SegmentGone, create_segment, open_segment
 
 __all__ = ["ShmCollectives", "ShmTransport"]
 
@@ -53,7 +53,7 @@ class ShmCollectives:
 
     No call waits for a compiler: a collective whose compiled loop is not ready for its
     dtype (a first call, on a cold or a warm Numba cache) runs the same protocol step by
-    step in Python (``_stepwise``) while the loop compiles in the background, so ranks on
+    step in Python (``stepwise``) while the loop compiles in the background, so ranks on
     either path meet in the same call and get the same bits.
     """
 
@@ -63,12 +63,12 @@ class ShmCollectives:
         self._rank = global_rank
         self._plans: dict[tuple[str, int, int], tuple[list[list[Array]], Any, float]] = {}
         self._folds: dict[tuple[DType, ReduceOp], Any] = {}
-        self._state = _chunks.new_state()
+        self._state = loops.new_state()
         # (dtype, op) -> what ``_small_kind`` says for the one-slot all_reduce
         self._small_kinds: dict[tuple[DType, ReduceOp], tuple[Any, ...]] = {}
-        self._state[_chunks.ME], self._state[_chunks.RANKS] = arena.rank, arena.world
-        self._state[_chunks.SLOTS], self._state[_chunks.BYTES] = arena.slots, arena.chunk
-        self._state[_chunks.SPINS] = arena.spins
+        self._state[loops.ME], self._state[loops.RANKS] = arena.rank, arena.world
+        self._state[loops.SLOTS], self._state[loops.BYTES] = arena.slots, arena.chunk
+        self._state[loops.SPINS] = arena.spins
         self.all_reduce_up_to = 1 << 62  # the arena is the fastest way at every size
 
     @property
@@ -84,7 +84,7 @@ class ShmCollectives:
     # -- plumbing --------------------------------------------------------------------------------
     def _sync(self, deadline: float, fingerprint: int, seq: int) -> None:
         """A chunk without data: every rank shows up and every rank checks every call."""
-        _stepwise.sync(self._a, self._health, deadline, fingerprint, seq)
+        stepwise.sync(self._a, self._health, deadline, fingerprint, seq)
 
     def _small_plan(self, dt: DType, op: ReduceOp, count: int) -> tuple[list[list[Array]], Any, float]:
         """Slot views (per slot, per rank), kernel and divisor of a one-chunk all_reduce,
@@ -102,7 +102,7 @@ class ShmCollectives:
     def _fold(self, dt: DType, op: ReduceOp) -> Any:
         fold = self._folds.get((dt, op))
         if fold is None:
-            fold = self._folds[(dt, op)] = _stepwise.fold_for(dt, op, self._a.world)
+            fold = self._folds[(dt, op)] = stepwise.fold_for(dt, op, self._a.world)
         return fold
 
     def _per(self, dt: DType, parts: int = 1) -> int:
@@ -127,22 +127,22 @@ class ShmCollectives:
                 view, opcode, divisor, half = small
                 flat, data, words, state = (x if view is None else x.view(view)), a.data, a.words, self._state
                 call_id = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # its 64 bits
-                state[_chunks.SPINS] = a.small_spins
+                state[loops.SPINS] = a.small_spins
                 try:
                     status = SMALL_START(flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1)
                 except NotCompiled as missing:
                     # The resumption first: a front that runs the start finds it ready.
                     prepare([(SMALL, missing.types[:5]), (missing.front, missing.types)])
                 else:
-                    if status == _chunks.DONE:  # the common case: no Python wait, no wake-up
-                        a.chunks = int(state[_chunks.CHUNK])
+                    if status == loops.DONE:  # the common case: no Python wait, no wake-up
+                        a.chunks = int(state[loops.CHUNK])
                         return
                     step = lambda state: SMALL(flat, data, words, state, divisor)  # noqa: E731
                     self._resume(step, status, deadline, fingerprint, seq, bulk=False)
                     return
             # One rank, or the compiled loop not ready: the same protocol in Python.
             views, fold, divisor = self._small_plan(dt, op, x.shape[0])
-            _stepwise.all_reduce_slot(a, self._health, x, views, fold, divisor, deadline, fingerprint, seq)
+            stepwise.all_reduce_slot(a, self._health, x, views, fold, divisor, deadline, fingerprint, seq)
             return
         self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=None)
 
@@ -154,7 +154,7 @@ class ShmCollectives:
     def _reduce_chunks(
         self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int, root: int | None
     ) -> None:
-        """Direct reduce-scatter + gather, chunk by chunk (``_chunks.all_reduce``). Each chunk
+        """Direct reduce-scatter + gather, chunk by chunk (``loops.all_reduce``). Each chunk
         is cut into one block per rank. A rank copies into its slot only the blocks other
         ranks reduce; it reduces its own block from ``x`` and the peers' slots into its slot
         (one fused pass, never in place, so the loop vectorises), copies the result back
@@ -172,22 +172,22 @@ class ShmCollectives:
             flat, data, words = (x if view is None else x.view(view)), a.data, a.words
             bulk = x.nbytes > a.chunk
             state = self._start(fingerprint, seq, opcode, -1 if root is None else root, bulk)
-            state[_chunks.HALF] = half
+            state[loops.HALF] = half
             step = lambda state: ALL_REDUCE(flat, data, words, state, divisor)  # noqa: E731
             try:
                 status = step(state)
             except NotCompiled as missing:
                 prepare([(missing.front, missing.types)])
                 fold = self._fold(dt, op)
-                _stepwise.all_reduce(a, self._health, x, fold, divisor, root, deadline, fingerprint, seq)
+                stepwise.all_reduce(a, self._health, x, fold, divisor, root, deadline, fingerprint, seq)
                 return
             self._resume(step, status, deadline, fingerprint, seq, bulk)
             return
         reducer(dt, op)(x, [x], divisor)  # one rank: its own data, as the kernels round it
 
     def _small_kind(self, dt: DType, op: ReduceOp) -> tuple[Any, ...]:
-        """(view, opcode, divisor, half) for ``_chunks.all_reduce_small`` and
-        ``_chunks.all_reduce``, or () (one rank)."""
+        """(view, opcode, divisor, half) for ``loops.all_reduce_small`` and
+        ``loops.all_reduce``, or () (one rank)."""
         p = self._a.world
         if p < 2:
             return ()
@@ -196,22 +196,22 @@ class ShmCollectives:
         return (view, opcode, divisor, kind)
 
     def _start(self, fingerprint: int, seq: int, op: int = 0, root: int = -1, bulk: bool = True) -> Array:
-        """The state words for a compiled loop of ``_chunks`` starting now (``bulk``: over
+        """The state words for a compiled loop of ``loops`` starting now (``bulk``: over
         more than one chunk, see ``SpinPolicy.spins``)."""
         state = self._state
-        state[: _chunks.ME] = 0
-        state[_chunks.HALF] = 0
-        state[_chunks.CHUNK] = self._a.chunks
-        state[_chunks.OP], state[_chunks.ROOT] = op, root
-        state[_chunks.CALL_ID] = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # the 64 bits
-        state[_chunks.NUMBER] = seq + 1
-        state[_chunks.SPINS] = self._a.spins if bulk else self._a.small_spins  # long while cores are idle, else short
+        state[: loops.ME] = 0
+        state[loops.HALF] = 0
+        state[loops.CHUNK] = self._a.chunks
+        state[loops.OP], state[loops.ROOT] = op, root
+        state[loops.CALL_ID] = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # the 64 bits
+        state[loops.NUMBER] = seq + 1
+        state[loops.SPINS] = self._a.spins if bulk else self._a.small_spins  # long while cores are idle, else short
         return state
 
     def _drive(
         self,
         step: Callable[[Array], int],
-        stepwise: Callable[[], None],
+        interpreted: Callable[[], None],
         deadline: float,
         fingerprint: int,
         seq: int,
@@ -220,8 +220,8 @@ class ShmCollectives:
         root: int = -1,
         nbytes: int = 0,
     ) -> None:
-        """Run a compiled loop of ``_chunks`` (``step(state)``) to the end, or, while it is
-        not compiled for these arrays, ``stepwise()``: the same protocol in Python. A call
+        """Run a compiled loop of ``loops`` (``step(state)``) to the end, or, while it is
+        not compiled for these arrays, ``interpreted()``: the same protocol in Python. A call
         without elements (``count`` 0) still meets every rank and checks its call.
         ``nbytes``: what it moves per rank (more than a chunk: a bulk transfer)."""
         if count == 0:
@@ -232,7 +232,7 @@ class ShmCollectives:
             status = step(self._start(fingerprint, seq, op, root, bulk))
         except NotCompiled as missing:
             prepare([(missing.front, missing.types)])
-            stepwise()
+            interpreted()
             return
         self._resume(step, status, deadline, fingerprint, seq, bulk)
 
@@ -244,20 +244,20 @@ class ShmCollectives:
         ``bulk``: the loop moves many chunks (see ``SpinPolicy.spins``)."""
         a, state = self._a, self._state
         try:
-            while status != _chunks.DONE:
-                which = int(state[_chunks.WHICH])
-                ranks = range(int(state[_chunks.FIRST]), int(state[_chunks.STOP]))
-                if status == _chunks.WAIT:
-                    a.wait(which, int(state[_chunks.TARGET]), deadline, self._health, ranks, bulk)
-                    state[_chunks.SPINS] = a.spins if bulk else a.small_spins
-                elif status == _chunks.WAKE:
+            while status != loops.DONE:
+                which = int(state[loops.WHICH])
+                ranks = range(int(state[loops.FIRST]), int(state[loops.STOP]))
+                if status == loops.WAIT:
+                    a.wait(which, int(state[loops.TARGET]), deadline, self._health, ranks, bulk)
+                    state[loops.SPINS] = a.spins if bulk else a.small_spins
+                elif status == loops.WAKE:
                     a.wake(which)
                 else:
-                    a.check_call(ranks, int(state[_chunks.SLOT]), fingerprint, seq)  # raises the mismatch
+                    a.check_call(ranks, int(state[loops.SLOT]), fingerprint, seq)  # raises the mismatch
                     raise AssertionError("the compiled loop saw a mismatch that check_call does not")
                 status = step(state)
         finally:
-            a.chunks = int(state[_chunks.CHUNK])
+            a.chunks = int(state[loops.CHUNK])
 
     def broadcast(self, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         a = self._a
@@ -266,7 +266,7 @@ class ShmCollectives:
         data, words = a.data, a.words
         self._drive(
             lambda state: BROADCAST(flat, data, words, state),
-            lambda: _stepwise.broadcast(a, self._health, flat, root, deadline, fingerprint, seq),
+            lambda: stepwise.broadcast(a, self._health, flat, root, deadline, fingerprint, seq),
             deadline,
             fingerprint,
             seq,
@@ -282,7 +282,7 @@ class ShmCollectives:
         data, words = a.data, a.words
         self._drive(
             lambda state: ALL_GATHER(flat, whole, data, words, state),
-            lambda: _stepwise.all_gather(a, self._health, flat, whole, deadline, fingerprint, seq),
+            lambda: stepwise.all_gather(a, self._health, flat, whole, deadline, fingerprint, seq),
             deadline,
             fingerprint,
             seq,
@@ -322,12 +322,12 @@ class ShmCollectives:
     def _reduce_scatter_steps(
         self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int
     ) -> None:
-        """``_stepwise.reduce_scatter`` (float16/bfloat16, an ``out`` inside ``blocks``, or the
+        """``stepwise.reduce_scatter`` (float16/bfloat16, an ``out`` inside ``blocks``, or the
         compiled loop not ready); every rank takes it for float16/bfloat16: ``reducer``'s bits."""
         p = self._a.world
         divisor = op.divisor(p)
         per = self._per(dt, parts=p)
-        _stepwise.reduce_scatter(
+        stepwise.reduce_scatter(
             self._a, self._health, blocks, out, reducer(dt, op), divisor, per, deadline, fingerprint, seq
         )
 
@@ -340,7 +340,7 @@ class ShmCollectives:
         if x.shape[0] == 0:
             self._sync(deadline, fingerprint, seq)
             return
-        _stepwise.gather(self._a, self._health, x, out, root, per, deadline, fingerprint, seq)
+        stepwise.gather(self._a, self._health, x, out, root, per, deadline, fingerprint, seq)
 
     def scatter(
         self, blocks: Array | None, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
@@ -351,7 +351,7 @@ class ShmCollectives:
         if x.shape[0] == 0:
             self._sync(deadline, fingerprint, seq)
             return
-        _stepwise.scatter(self._a, self._health, blocks, x, root, per, deadline, fingerprint, seq)
+        stepwise.scatter(self._a, self._health, blocks, x, root, per, deadline, fingerprint, seq)
 
     def barrier(self, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
         """Every rank shows up, in the same call (a barrier never passes a peer in another
@@ -413,7 +413,7 @@ class ShmTransport(TcpTransport):
                     one_host=True,
                 )
             raise bad
-        waits = _spin.prepare_waits()  # compiled in the background while the ranks meet
+        waits = spin.prepare_waits()  # compiled in the background while the ranks meet
         start_timeout = timeout if start_timeout is None else start_timeout
         deadline = time.monotonic() + start_timeout
         self = super().connect(
@@ -443,7 +443,7 @@ class ShmTransport(TcpTransport):
         return self
 
     def _open_arena(self, rdv: Rendezvous, chunk: int, slots: int) -> Arena:
-        """Rank 0 makes the arena's segment (see ``_segment``) and holds it until every rank
+        """Rank 0 makes the arena's segment (see ``segment``) and holds it until every rank
         has mapped it; the others open it by the address rank 0 publishes in the store.
 
         Nothing is left behind whatever rank is killed, and when: the segment has no name

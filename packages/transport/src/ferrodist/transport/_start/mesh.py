@@ -3,7 +3,7 @@ uses, publishes ``host:port`` in the store, connects to every lower rank and acc
 higher one (connections only go downward, so no two ranks wait on each other). After the
 token handshake both ends send a HELLO frame (frame 0) with their rank and world size.
 
-A rank takes connections through a ``Gate`` (``_accept``): every handshake runs at once,
+A rank takes connections through a ``Gate`` (``accept``): every handshake runs at once,
 each with its own limit, so connections from processes outside the job (silent, speaking
 something else, without the token) never hold up the job's own; they are counted in the
 rank's ``Refusals``. A process that holds the token but contradicts the job (its HELLO)
@@ -17,12 +17,12 @@ import time
 from collections.abc import Iterator
 
 from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost, ProtocolError
+from ferrodist.transport._frames import HEADER, HELLO, decode_header, encode_header
 
-from ._accept import Gate, Hello, Refusals
-from ._auth import connect_handshake
-from ._frames import HEADER, HELLO, decode_header, encode_header
-from ._net import HANDSHAKE_LIMIT, connect_with_retry, listen, readable, recv_exact
-from ._rendezvous import POLL, Rendezvous
+from .accept import Gate, Hello, Refusals
+from .auth import connect_handshake
+from .net import HANDSHAKE_LIMIT, connect_with_retry, listen, readable, recv_exact
+from .rendezvous import POLL, Rendezvous
 
 __all__ = ["mesh"]
 

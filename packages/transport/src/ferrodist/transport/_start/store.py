@@ -1,7 +1,7 @@
 """The rendezvous store: a small key-value server hosted by rank 0, and its client.
 
 Requests and answers are length-prefixed binary records on an authenticated TCP
-connection (see ``_auth``; the server runs every handshake at once, see ``_accept``, and
+connection (see ``auth``; the server runs every handshake at once, see ``accept``, and
 gives a thread only to a client that holds the token). ``get`` and ``wait`` block on the
 server until the keys exist or the caller's timeout passes, so ranks never poll. A record
 is at most 64 MiB (a store holds addresses and reasons, not data), and a length read from
@@ -40,9 +40,9 @@ from typing import Protocol, runtime_checkable
 
 from ferrodist.core import BackendUnavailable, CollectiveTimeout, InvalidArgument, PeerLost, ProtocolError
 
-from ._accept import Gate, Refusals
-from ._auth import NotFerrodist, connect_handshake, job_token
-from ._net import HANDSHAKE_LIMIT, connect_with_retry, listen, recv_exact
+from .accept import Gate, Refusals
+from .auth import NotFerrodist, connect_handshake, job_token
+from .net import HANDSHAKE_LIMIT, connect_with_retry, listen, recv_exact
 
 __all__ = ["KeyValue", "StoreClient", "StoreServer"]
 
@@ -80,7 +80,7 @@ def _server_wait(timeout: float) -> float:
 class StoreServer:
     """Serves the store on ``host:port`` from background threads until ``close()``.
 
-    ``refusals`` counts the connections refused (see ``_accept``); one is made when not given.
+    ``refusals`` counts the connections refused (see ``accept``); one is made when not given.
     """
 
     def __init__(

@@ -3,7 +3,7 @@ payload with one ``sendmsg``, ``receive_frame`` reads the next frame's header, c
 against the message a caller waits for, and reads the payload into the caller's buffer;
 ``exchange_frames`` does both, one after the other, for a sendrecv with one peer.
 
-They do what ``Link.send`` and ``Link.read_direct`` do for a small message, without the
+They do what ``Link.send`` and ``Link.read_direct`` (``link``) do for a small message, without the
 interpreter between the system calls: a small exchange between two nodes spent more CPU in
 Python than in the kernel. Neither waits: the socket is non-blocking, a wait for room or for
 bytes goes back to the caller (``receive_frame`` first gives its core away up to ``yields``
@@ -12,7 +12,7 @@ core's background fronts, so the first calls of a process, before their code is 
 loaded from Numba's cache, take the Python path, and so does a platform where the layout of
 ``struct msghdr`` below does not hold (64-bit Linux only).
 
-The system calls themselves are ``_libc``'s.
+The system calls themselves are ``ferrodist.transport._libc``'s.
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ import numpy as np
 from numba import types
 
 from ferrodist.core.kernels import NotCompiled, background, jit, prepare
-
-from ._frames import DATA, HEADER, MAGIC, PROTOCOL_VERSION
-from ._libc import address, sys_recv, sys_sendmsg, sys_yield
-from ._spin import prepare_waits
+from ferrodist.transport._frames import DATA, HEADER, MAGIC, PROTOCOL_VERSION
+from ferrodist.transport._libc import address, sys_recv, sys_sendmsg, sys_yield
+from ferrodist.transport._shm.spin import prepare_waits
 
 __all__ = [
     "AVAILABLE",
