@@ -16,7 +16,7 @@ from _helpers import free_port
 from ferrodist.core import BackendUnavailable, FerrodistError, InvalidArgument
 from ferrodist.transport import ShmTransport, StoreClient, TcpTransport
 from ferrodist.transport._frames import HELLO, encode_header
-from ferrodist.transport._slots import default_chunk
+from ferrodist.transport._shm.arena import default_chunk
 from ferrodist.transport._start import rendezvous
 from ferrodist.transport._start.auth import connect_handshake
 from ferrodist.transport._start.net import connect_with_retry

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from ferrodist.transport._shm import spin
-from ferrodist.transport._shm.spin import (
+from ferrodist.transport import _cores
+from ferrodist.transport._cores import (
     LONG_SPINS,
     NICED_SPINS,
     SHORT_SPINS,
@@ -49,9 +49,9 @@ class Machine:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, running: int, niced: int = 0) -> None:
         self.running, self.niced, self.scans = running, niced, 0
-        monkeypatch.setattr(spin, "runnable_threads", lambda: self.running)
-        monkeypatch.setattr(spin, "niced_running", self._scan)
-        monkeypatch.setattr(spin, "RECOUNT", 0.0)  # count again at every wait
+        monkeypatch.setattr(_cores, "runnable_threads", lambda: self.running)
+        monkeypatch.setattr(_cores, "niced_running", self._scan)
+        monkeypatch.setattr(_cores, "RECOUNT", 0.0)  # count again at every wait
 
     def _scan(self) -> int:
         self.scans += 1
@@ -67,7 +67,7 @@ def test_waits_spin_long_only_while_every_runnable_thread_has_a_core(monkeypatch
     assert policy.spins() == SHORT_SPINS  # twice in a row: it stays
     machine.running = 2
     assert policy.spins() == LONG_SPINS
-    monkeypatch.setattr(spin, "runnable_threads", lambda: None)  # unreadable: as before, long
+    monkeypatch.setattr(_cores, "runnable_threads", lambda: None)  # unreadable: as before, long
     assert policy.spins() == LONG_SPINS
 
 
@@ -98,14 +98,14 @@ def test_niced_processes_are_counted_once_a_second_and_only_on_a_full_machine(mo
 
 
 def test_more_ranks_than_cores_or_a_fixed_count_need_no_measurement(monkeypatch):
-    monkeypatch.setattr(spin, "runnable_threads", lambda: pytest.fail("measured"))
-    monkeypatch.setattr(spin, "niced_running", lambda: pytest.fail("measured"))
+    monkeypatch.setattr(_cores, "runnable_threads", lambda: pytest.fail("measured"))
+    monkeypatch.setattr(_cores, "niced_running", lambda: pytest.fail("measured"))
     assert SpinPolicy(world=8, cores=2).spins() == SHORT_SPINS
     assert SpinPolicy(world=2, fixed=123, cores=2).spins() == 123
 
 
 def test_a_slot_is_half_a_core_l2_cache_within_bounds(tmp_path):
-    from ferrodist.transport._slots import DEFAULT_CHUNK, default_chunk
+    from ferrodist.transport._shm.arena import DEFAULT_CHUNK, default_chunk
 
     def cache(level: str, size: str) -> str:
         folder = tmp_path / f"{level}-{size}"
@@ -130,7 +130,7 @@ def test_ranks_that_outnumber_the_cores_give_the_core_away_before_they_sleep(mon
     from ferrodist.transport import TcpTransport
     from ferrodist.transport._shm.arena import Arena
 
-    monkeypatch.setattr(spin.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(_cores.os, "cpu_count", lambda: 2)
     monkeypatch.delenv("FERRODIST_SHM_YIELDS", raising=False)
     monkeypatch.delenv("FERRODIST_SHM_SPINS", raising=False)
     arena = Arena(mmap.mmap(-1, Arena.size(2, 64, 1)), 0, 2, 64, 1)
@@ -158,6 +158,8 @@ def test_a_wait_gives_the_core_away_between_spins_and_ends_when_the_laggard_arri
     import time
 
     import numpy as np
+
+    from ferrodist.transport._shm import spin
 
     words, stride = np.zeros(16, np.uint64), 8  # two ranks' counters, a line apart
     assert spin.spin_then_yield(words, stride, 0, 0, 2, 0, 4, 3) == -1

@@ -4,7 +4,8 @@ from ._aborts import Notice
 from ._faults import Faults
 from ._mpi import MpiCollectives, MpiTransport
 from ._protocol import DEFAULT_TIMEOUT, NativeCollectives, Request, Store, Transport
-from ._shm.transport import ShmCollectives, ShmTransport
+from ._shm.collectives import ShmCollectives
+from ._shm.transport import ShmTransport
 from ._simulated import SimulatedTransport
 from ._start.env import LaunchInfo, launch_info, this_host
 from ._start.net import interface_address, local_address

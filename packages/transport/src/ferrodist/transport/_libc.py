@@ -1,7 +1,8 @@
 """libc's system calls, called by symbol from compiled code (no ctypes pointer is baked
 in, so the code that uses them goes to Numba's cache like any kernel): ``sys_recv`` and
-``sys_sendmsg`` for tcp's small frames (``compiled``), ``sys_yield`` for the waits that give
-their core away (``spin``, ``compiled``), and ``address``, where an array's data starts."""
+``sys_sendmsg`` for tcp's small frames (``_tcp.compiled``), ``sys_yield`` for the waits that
+give their core away (``_shm.spin``, ``_tcp.compiled``), and ``address``, where an array's
+data starts."""
 
 from __future__ import annotations
 

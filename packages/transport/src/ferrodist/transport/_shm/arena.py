@@ -9,6 +9,9 @@ behind whenever a rank is killed), made by rank 0 and mapped by every rank. Layo
               in that slot (its fingerprint, and its number on the group plus one)
     data      world x slots x chunk bytes: rank r's slot s at r*slots + s
 
+A slot holds, unless told otherwise, half a core's L2 cache (``default_chunk``), so that a
+chunk, the slots it meets and the peers' parts stay in that cache while they are folded.
+
 Ranks advance monotonic counters ("I have copied chunk g in", "I have reduced it", ...)
 and wait for each other's: spinning for up to about 100 us while the machine has a core
 for every runnable thread (briefly when it does not), then sleeping on a futex, so
@@ -28,11 +31,12 @@ from typing import Any
 import numpy as np
 
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError, PeerLost
+from ferrodist.transport._cores import SpinPolicy, yields_for
 
 from . import futex
-from .spin import SpinPolicy, first_different, publish, spin_then_yield, spin_until, yields_for
+from .spin import first_different, publish, spin_then_yield, spin_until
 
-__all__ = ["Arena"]
+__all__ = ["DEFAULT_CHUNK", "DEFAULT_SLOTS", "Arena", "default_chunk"]
 
 LINE = 64
 COUNTERS = 8
@@ -40,6 +44,25 @@ COPIED, REDUCED, GATHERED, BARRIER, CALL, CALL_NUMBER = range(6)
 _WORDS_PER_LINE = LINE // 8
 _NAP = 0.001  # the longest sleep between checks of the deadline and of peers' health
 _YIELD_BATCH = 16  # core give-aways between two checks of the deadline and of peers' health
+DEFAULT_CHUNK = 1 << 20  # bytes per slot where a core's L2 cache size cannot be read
+DEFAULT_SLOTS = 2
+_L2 = "/sys/devices/system/cpu/cpu0/cache/index2"
+
+
+def default_chunk(cache: str = _L2) -> int:
+    """Bytes per slot: half a core's L2 cache, from 256 KiB to 1 MiB (so that a chunk of
+    ``x``, the slots it meets and the peers' parts stay in the core's L2 while they are
+    folded); ``DEFAULT_CHUNK`` where Linux does not say the cache's size."""
+    try:
+        with open(os.path.join(cache, "level")) as level, open(os.path.join(cache, "size")) as size:
+            if level.read().strip() != "2":
+                return DEFAULT_CHUNK
+            text = size.read().strip().upper()
+        units = {"K": 1 << 10, "M": 1 << 20}
+        l2 = int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+    except (OSError, ValueError):
+        return DEFAULT_CHUNK
+    return min(1 << 20, max(256 << 10, l2 // 2 // 64 * 64))
 
 
 class Arena:

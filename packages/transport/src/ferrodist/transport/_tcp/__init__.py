@@ -1,5 +1,4 @@
 """The TCP transport: ``transport`` (``TcpTransport``: the start, the public calls, aborts,
 close), ``link`` (one peer's connection: socket, framing, matching, waits), ``mailbox`` (the
-matching of messages to receives), ``records`` (a receive, a frame, a kept message, a send),
-``compiled`` (a small frame's system calls in compiled code) and ``start`` (what a start
-needs besides the transport)."""
+matching of messages to receives), ``records`` (a receive, a frame, a kept message, a send)
+and ``compiled`` (a small frame's system calls in compiled code)."""

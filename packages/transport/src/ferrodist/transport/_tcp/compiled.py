@@ -28,7 +28,6 @@ from numba import types
 from ferrodist.core.kernels import NotCompiled, background, jit, prepare
 from ferrodist.transport._frames import DATA, HEADER, MAGIC, PROTOCOL_VERSION
 from ferrodist.transport._libc import address, sys_recv, sys_sendmsg, sys_yield
-from ferrodist.transport._shm.spin import prepare_waits
 
 __all__ = [
     "AVAILABLE",
@@ -210,14 +209,13 @@ def missed() -> None:
 def prepare_wire() -> None:
     """Queue, once per process, the compile (or the cache load) of the three functions for
     the types the links pass: int64 scalars, the link's header words and scratch, uint8
-    buffers (a payload to send may be read-only). The shared-memory waits go first: a
-    shared-memory transport started later waits for them, not for these. Each signature is
-    a request of its own, so that such a wait queues behind at most one of them."""
+    buffers (a payload to send may be read-only). Each signature is a request of its own:
+    code that a caller waits for (a shared-memory transport's waits, at its start) goes
+    ahead of them in the queue, and so waits behind at most the one being compiled."""
     global _queued
     if _queued or not AVAILABLE:
         return
     _queued = True
-    prepare_waits()
     for item in frame_kernels():
         prepare([item])
 

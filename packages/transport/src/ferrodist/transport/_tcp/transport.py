@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
+from ferrodist.core import AuthenticationFailed, CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
 from ferrodist.transport._aborts import Aborts, Notice, channel_of, decode_notice, departure, encode_notice, fresh
 from ferrodist.transport._checks import (
     Buffer,
@@ -39,20 +39,20 @@ from ferrodist.transport._checks import (
     lost_sender,
     receiving,
 )
+from ferrodist.transport._cores import yields_for
 from ferrodist.transport._frames import ABORT, DATA, GOODBYE
 from ferrodist.transport._protocol import DEFAULT_TIMEOUT
-from ferrodist.transport._shm.spin import yields_for
 from ferrodist.transport._start.accept import Refusals
-from ferrodist.transport._start.auth import job_secret, where_to_listen
+from ferrodist.transport._start.auth import Secret, job_secret, where_to_listen
+from ferrodist.transport._start.env import launch_info
 from ferrodist.transport._start.mesh import mesh
 from ferrodist.transport._start.net import local_address
-from ferrodist.transport._start.rendezvous import Rendezvous, open_store, open_store_through
+from ferrodist.transport._start.rendezvous import Rendezvous, open_store, open_store_through, report_bad_start
 from ferrodist.transport._start.store import KeyValue, StoreClient, StoreServer
 
 from .link import NOTICE_LIMIT, Link
 from .mailbox import Mailbox
 from .records import DONE, Done, Frame, Pending, Recv
-from .start import describe_start, report_start_failure, with_start_notes
 
 __all__ = ["TcpTransport"]
 
@@ -151,7 +151,7 @@ class TcpTransport:
             AuthenticationFailed: a peer (or the store) does not hold this job's secret.
         """
         deadline = time.monotonic() + (timeout if start_timeout is None else start_timeout)
-        where = describe_start(rank, master_addr, master_port, rendezvous)
+        where = _describe_start(rank, master_addr, master_port, rendezvous)
         if not isinstance(world_size, int) or world_size < 1 or not isinstance(rank, int) or not 0 <= rank < world_size:
             bad = InvalidArgument(
                 f"rank {rank}: TcpTransport.connect: need 0 <= rank < world_size, got rank={rank!r}, "
@@ -159,7 +159,7 @@ class TcpTransport:
                 "a RANK below it"
             )
             if rendezvous is None and master_addr is not None and master_port is not None:
-                report_start_failure(bad, rank, world_size, master_addr, master_port, token, one_host)
+                _report_start_failure(bad, rank, world_size, master_addr, master_port, token, one_host)
             raise bad
         what = f"rank {rank}: joining a job of {world_size} ranks through {where}"
         secret = job_secret(token, rank, world_size, launcher=rendezvous is None, deadline=deadline)
@@ -192,7 +192,7 @@ class TcpTransport:
             if stopped is not None:  # an abort came while rank 0 marked the job started
                 raise stopped
         except FerrodistError as exc:
-            error = with_start_notes(exc, rdv, secret)
+            error = _with_start_notes(exc, rdv, secret)
             self._leaving = error
             if rdv is not None and rdv.aborted and self._server is not None:
                 rdv.linger()  # the others read the reason from this store: keep it up until they have
@@ -221,7 +221,7 @@ class TcpTransport:
         (``error``), so that they fail now with that reason instead of at their timeout.
         Best effort, a few seconds at most; the caller raises ``error`` afterwards.
         ``token`` and ``one_host`` as for ``connect``."""
-        report_start_failure(error, rank, world_size, master_addr, master_port, token, one_host)
+        _report_start_failure(error, rank, world_size, master_addr, master_port, token, one_host)
 
     def _add_link(self, peer: int, sock: socket.socket) -> None:
         self._links[peer] = Link(self, peer, sock)
@@ -598,3 +598,60 @@ class TcpTransport:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _describe_start(rank: object, master_addr: str | None, master_port: int | None, rendezvous: KeyValue | None) -> str:
+    """How the job starts, for messages; ``InvalidArgument`` when ``connect`` was told neither way."""
+    if rendezvous is not None:
+        if not isinstance(rendezvous, KeyValue):
+            raise InvalidArgument(
+                f"rank {rank}: TcpTransport.connect: rendezvous= needs get(key) and set(key, value) methods (a "
+                f"key-value store such as torch.distributed.TCPStore), not a {type(rendezvous).__name__}"
+            )
+        return f"the key-value store {type(rendezvous).__name__}"
+    if master_addr is None or master_port is None:
+        raise InvalidArgument(
+            f"rank {rank}: TcpTransport.connect: give master_addr= and master_port= (where rank 0 hosts the store), "
+            "or rendezvous= (a key-value store every rank reaches)"
+        )
+    return f"{master_addr}:{master_port}"
+
+
+def _report_start_failure(
+    error: FerrodistError,
+    rank: object,
+    world_size: object,
+    master_addr: str,
+    master_port: int,
+    token: bytes | None,
+    one_host: bool | None,
+) -> None:
+    """``report_bad_start`` with the job's secret and master address as ``connect`` finds them
+    (but no MPI broadcast: this process will not be in the one the others make)."""
+    try:
+        secret = job_secret(token, -1, -1, launcher=True, deadline=time.monotonic() + 1.0)
+        if one_host is None:
+            try:
+                info = launch_info()
+            except InvalidArgument:  # this process's own variables are what is wrong
+                info = None
+            one_host = info is not None and info.single_host
+        master_addr, _ = where_to_listen(
+            secret, master_addr, local_address(master_addr), one_host=one_host, rank=-1, world_size=-1, what=""
+        )
+    except FerrodistError:
+        return  # nothing to report to: without a secret, the others refuse to start across hosts
+    report_bad_start(rank, world_size, master_addr, master_port, secret.key, error)
+
+
+def _with_start_notes(error: FerrodistError, rdv: Rendezvous | None, secret: Secret) -> FerrodistError:
+    """A start's ``error``, with what it may have to do with: connections from outside the
+    job that were refused meanwhile, and where this rank's secret came from."""
+    note = rdv.outside() if rdv is not None and not rdv.aborted else ""
+    if isinstance(error, AuthenticationFailed) and secret.source not in ("", "FERRODIST_TOKEN", "the token given"):
+        note += f" (this rank's secret: {secret.source})"
+    if not note:
+        return error
+    noted = copy.copy(error)
+    noted.args = (error.message + note,)
+    return noted

@@ -1,0 +1,341 @@
+"""``ShmCollectives``: the world's collectives through a single-host job's shared-memory
+``Arena``: data is cut into chunks, each chunk passes through small slots that are reused, so
+it stays in cache between the rank that writes it and the ranks that read it, and the
+reductions read all ranks' slots in one fused pass.
+
+Each collective runs its compiled loop (``loops``, called through ``fronts``) or, while that
+is not compiled for its arrays, the same protocol step by step in Python (``stepwise``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ferrodist.core import DType, InvalidArgument, ReduceOp, reducer
+from ferrodist.core.kernels import NotCompiled, pairwise_opcode, plan, prepare
+
+from . import loops, stepwise
+from .arena import Arena
+from .fronts import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, SMALL, SMALL_START
+
+__all__ = ["SMALL_ALL_REDUCE", "ShmCollectives"]
+
+Array = np.ndarray[Any, Any]
+
+#: all_reduce moves at most this many bytes (size x ranks) the one-sync way, in which every
+#: rank reduces everything; above it the pipeline (each rank reduces 1/p) is faster here.
+SMALL_ALL_REDUCE = 32 << 10
+
+
+class ShmCollectives:
+    """The world's collectives through the arena (same interface as ``MpiCollectives``).
+
+    No call waits for a compiler: a collective whose compiled loop is not ready for its
+    dtype (a first call, on a cold or a warm Numba cache) runs the same protocol step by
+    step in Python (``stepwise``) while the loop compiles in the background, so ranks on
+    either path meet in the same call and get the same bits.
+    """
+
+    def __init__(self, arena: Arena, health: Callable[[], None], global_rank: int) -> None:
+        self._a = arena
+        self._health = health
+        self._rank = global_rank
+        self._plans: dict[tuple[str, int, int], tuple[list[list[Array]], Any, float]] = {}
+        self._folds: dict[tuple[DType, ReduceOp], Any] = {}
+        self._state = loops.new_state()
+        # (dtype, op) -> what ``_small_kind`` says for the one-slot all_reduce
+        self._small_kinds: dict[tuple[DType, ReduceOp], tuple[Any, ...]] = {}
+        self._state[loops.ME], self._state[loops.RANKS] = arena.rank, arena.world
+        self._state[loops.SLOTS], self._state[loops.BYTES] = arena.slots, arena.chunk
+        self._state[loops.SPINS] = arena.spins
+        self.all_reduce_up_to = 1 << 62  # the arena is the fastest way at every size
+
+    @property
+    def size(self) -> int:
+        return self._a.world
+
+    def supports(self, dt: DType, op: ReduceOp | None = None) -> bool:
+        return True
+
+    def free(self) -> None:
+        """Nothing to free: the arena belongs to the transport."""
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _sync(self, deadline: float, fingerprint: int, seq: int) -> None:
+        """A chunk without data: every rank shows up and every rank checks every call."""
+        stepwise.sync(self._a, self._health, deadline, fingerprint, seq)
+
+    def _small_plan(self, dt: DType, op: ReduceOp, count: int) -> tuple[list[list[Array]], Any, float]:
+        """Slot views (per slot, per rank), kernel and divisor of a one-chunk all_reduce,
+        made once per (dtype, op, count): the small-message path does no other set-up."""
+        key = (dt.name, op.value, count)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 256:
+                self._plans.clear()
+            a = self._a
+            views = [[a.slot(q, s, dt.numpy, count) for q in range(a.world)] for s in range(a.slots)]
+            plan = self._plans[key] = (views, self._fold(dt, op), op.divisor(a.world))
+        return plan
+
+    def _fold(self, dt: DType, op: ReduceOp) -> Any:
+        fold = self._folds.get((dt, op))
+        if fold is None:
+            fold = self._folds[(dt, op)] = stepwise.fold_for(dt, op, self._a.world)
+        return fold
+
+    def _per(self, dt: DType, parts: int = 1) -> int:
+        per = self._a.chunk // (dt.itemsize * parts)
+        if per < 1:
+            raise InvalidArgument(f"shared-memory chunk of {self._a.chunk} bytes is too small for {dt.name}")
+        return per
+
+    # -- collectives -------------------------------------------------------------------------------
+    def all_reduce(
+        self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
+        """Small messages (size x ranks up to ``SMALL_ALL_REDUCE``): every rank publishes its
+        data and reduces all of it (one sync). Larger: per chunk, reduce-scatter through the
+        slots, then gather (bandwidth-optimal)."""
+        a, p = self._a, self._a.world
+        if 0 < x.nbytes and x.nbytes * p <= min(2 * a.chunk, SMALL_ALL_REDUCE):
+            small = self._small_kinds.get((dt, op))
+            if small is None:
+                small = self._small_kinds[(dt, op)] = self._small_kind(dt, op)
+            if small:
+                view, opcode, divisor, half = small
+                flat, data, words, state = (x if view is None else x.view(view)), a.data, a.words, self._state
+                call_id = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # its 64 bits
+                state[loops.SPINS] = a.small_spins
+                try:
+                    status = SMALL_START(flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1)
+                except NotCompiled as missing:
+                    # The resumption first: a front that runs the start finds it ready.
+                    prepare([(SMALL, missing.types[:5]), (missing.front, missing.types)])
+                else:
+                    if status == loops.DONE:  # the common case: no Python wait, no wake-up
+                        a.chunks = int(state[loops.CHUNK])
+                        return
+                    step = lambda state: SMALL(flat, data, words, state, divisor)  # noqa: E731
+                    self._resume(step, status, deadline, fingerprint, seq, bulk=False)
+                    return
+            # One rank, or the compiled loop not ready: the same protocol in Python.
+            views, fold, divisor = self._small_plan(dt, op, x.shape[0])
+            stepwise.all_reduce_slot(a, self._health, x, views, fold, divisor, deadline, fingerprint, seq)
+            return
+        self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=None)
+
+    def reduce(
+        self, x: Array, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
+        self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=root)
+
+    def _reduce_chunks(
+        self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int, root: int | None
+    ) -> None:
+        """Direct reduce-scatter + gather, chunk by chunk (``loops.all_reduce``). Each chunk
+        is cut into one block per rank. A rank copies into its slot only the blocks other
+        ranks reduce; it reduces its own block from ``x`` and the peers' slots into its slot
+        (one fused pass, never in place, so the loop vectorises), copies the result back
+        into ``x``, and every rank (``root=None``) or the root alone copies the other blocks
+        from their owners' slots. ``x`` is read once and written once, and its lines are
+        still in cache when they are written. float16/bfloat16 fold in float32 blocks."""
+        a, p = self._a, self._a.world
+        divisor = op.divisor(p)
+        self._per(dt)  # the chunk must hold an element
+        if p > 1 and x.shape[0] == 0:
+            self._sync(deadline, fingerprint, seq)
+            return
+        if p > 1:
+            view, opcode, _, half = self._small_kind(dt, op)
+            flat, data, words = (x if view is None else x.view(view)), a.data, a.words
+            bulk = x.nbytes > a.chunk
+            state = self._start(fingerprint, seq, opcode, -1 if root is None else root, bulk)
+            state[loops.HALF] = half
+            step = lambda state: ALL_REDUCE(flat, data, words, state, divisor)  # noqa: E731
+            try:
+                status = step(state)
+            except NotCompiled as missing:
+                prepare([(missing.front, missing.types)])
+                fold = self._fold(dt, op)
+                stepwise.all_reduce(a, self._health, x, fold, divisor, root, deadline, fingerprint, seq)
+                return
+            self._resume(step, status, deadline, fingerprint, seq, bulk)
+            return
+        reducer(dt, op)(x, [x], divisor)  # one rank: its own data, as the kernels round it
+
+    def _small_kind(self, dt: DType, op: ReduceOp) -> tuple[Any, ...]:
+        """(view, opcode, divisor, half) for ``loops.all_reduce_small`` and
+        ``loops.all_reduce``, or () (one rank)."""
+        p = self._a.world
+        if p < 2:
+            return ()
+        divisor = op.divisor(p)
+        kind, view, opcode = plan(dt, op)  # kind: 0, or the 16-bit float type (BF16, F16)
+        return (view, opcode, divisor, kind)
+
+    def _start(self, fingerprint: int, seq: int, op: int = 0, root: int = -1, bulk: bool = True) -> Array:
+        """The state words for a compiled loop of ``loops`` starting now (``bulk``: over
+        more than one chunk, see ``SpinPolicy.spins``)."""
+        state = self._state
+        state[: loops.ME] = 0
+        state[loops.HALF] = 0
+        state[loops.CHUNK] = self._a.chunks
+        state[loops.OP], state[loops.ROOT] = op, root
+        state[loops.CALL_ID] = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # the 64 bits
+        state[loops.NUMBER] = seq + 1
+        state[loops.SPINS] = self._a.spins if bulk else self._a.small_spins  # long while cores are idle, else short
+        return state
+
+    def _drive(
+        self,
+        step: Callable[[Array], int],
+        interpreted: Callable[[], None],
+        deadline: float,
+        fingerprint: int,
+        seq: int,
+        count: int,
+        op: int = 0,
+        root: int = -1,
+        nbytes: int = 0,
+    ) -> None:
+        """Run a compiled loop of ``loops`` (``step(state)``) to the end, or, while it is
+        not compiled for these arrays, ``interpreted()``: the same protocol in Python. A call
+        without elements (``count`` 0) still meets every rank and checks its call.
+        ``nbytes``: what it moves per rank (more than a chunk: a bulk transfer)."""
+        if count == 0:
+            self._sync(deadline, fingerprint, seq)
+            return
+        try:
+            bulk = nbytes > self._a.chunk
+            status = step(self._start(fingerprint, seq, op, root, bulk))
+        except NotCompiled as missing:
+            prepare([(missing.front, missing.types)])
+            interpreted()
+            return
+        self._resume(step, status, deadline, fingerprint, seq, bulk)
+
+    def _resume(
+        self, step: Callable[[Array], int], status: int, deadline: float, fingerprint: int, seq: int, bulk: bool = True
+    ) -> None:
+        """Carry a compiled loop that returned ``status`` on to the end, doing for it what
+        needs Python: sleeping in a wait, waking a sleeping peer, raising a mismatch.
+        ``bulk``: the loop moves many chunks (see ``SpinPolicy.spins``)."""
+        a, state = self._a, self._state
+        try:
+            while status != loops.DONE:
+                which = int(state[loops.WHICH])
+                ranks = range(int(state[loops.FIRST]), int(state[loops.STOP]))
+                if status == loops.WAIT:
+                    a.wait(which, int(state[loops.TARGET]), deadline, self._health, ranks, bulk)
+                    state[loops.SPINS] = a.spins if bulk else a.small_spins
+                elif status == loops.WAKE:
+                    a.wake(which)
+                else:
+                    a.check_call(ranks, int(state[loops.SLOT]), fingerprint, seq)  # raises the mismatch
+                    raise AssertionError("the compiled loop saw a mismatch that check_call does not")
+                status = step(state)
+        finally:
+            a.chunks = int(state[loops.CHUNK])
+
+    def broadcast(self, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
+        a = self._a
+        self._per(dt)
+        flat = x.view(np.uint8)
+        data, words = a.data, a.words
+        self._drive(
+            lambda state: BROADCAST(flat, data, words, state),
+            lambda: stepwise.broadcast(a, self._health, flat, root, deadline, fingerprint, seq),
+            deadline,
+            fingerprint,
+            seq,
+            flat.shape[0],
+            root=root,
+            nbytes=flat.nbytes,
+        )
+
+    def all_gather(self, x: Array, out: Array, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
+        a = self._a
+        self._per(dt)
+        flat, whole = x.view(np.uint8), out.view(np.uint8)
+        data, words = a.data, a.words
+        self._drive(
+            lambda state: ALL_GATHER(flat, whole, data, words, state),
+            lambda: stepwise.all_gather(a, self._health, flat, whole, deadline, fingerprint, seq),
+            deadline,
+            fingerprint,
+            seq,
+            flat.shape[0],
+            nbytes=flat.nbytes,
+        )
+
+    def reduce_scatter(
+        self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
+        """Per chunk: a rank copies into its slot the parts other ranks reduce, then reduces
+        its own part from its input and the peers' slots straight into ``out``."""
+        divisor = op.divisor(self._a.world)
+        n = out.shape[0]
+        self._per(dt, parts=self._a.world)
+        pairwise = pairwise_opcode(dt, op)
+        if pairwise is not None and not np.may_share_memory(out, blocks):
+            view, opcode = pairwise
+            ins, outs = (blocks, out) if view is None else (blocks.view(view), out.view(view))
+            data, words = self._a.data, self._a.words
+            self._drive(
+                lambda state: REDUCE_SCATTER(ins, outs, data, words, state, divisor),
+                lambda: self._reduce_scatter_steps(blocks, out, dt, op, deadline, fingerprint, seq),
+                deadline,
+                fingerprint,
+                seq,
+                n,
+                opcode,
+                nbytes=blocks.nbytes,
+            )
+            return
+        if n == 0:
+            self._sync(deadline, fingerprint, seq)
+            return
+        self._reduce_scatter_steps(blocks, out, dt, op, deadline, fingerprint, seq)
+
+    def _reduce_scatter_steps(
+        self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int
+    ) -> None:
+        """``stepwise.reduce_scatter`` (float16/bfloat16, an ``out`` inside ``blocks``, or the
+        compiled loop not ready); every rank takes it for float16/bfloat16: ``reducer``'s bits."""
+        p = self._a.world
+        divisor = op.divisor(p)
+        per = self._per(dt, parts=p)
+        stepwise.reduce_scatter(
+            self._a, self._health, blocks, out, reducer(dt, op), divisor, per, deadline, fingerprint, seq
+        )
+
+    def gather(
+        self, x: Array, out: Array | None, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
+        """Per chunk: every rank copies its part into its slot; the root copies all out.
+        On the last chunk every rank checks every rank's call (see ``broadcast``)."""
+        per = self._per(dt)
+        if x.shape[0] == 0:
+            self._sync(deadline, fingerprint, seq)
+            return
+        stepwise.gather(self._a, self._health, x, out, root, per, deadline, fingerprint, seq)
+
+    def scatter(
+        self, blocks: Array | None, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
+        """Per chunk: the root copies every rank's part into its slot, each rank copies its
+        own out. On the last chunk every rank checks every rank's call (see ``broadcast``)."""
+        per = self._per(dt, parts=self._a.world)
+        if x.shape[0] == 0:
+            self._sync(deadline, fingerprint, seq)
+            return
+        stepwise.scatter(self._a, self._health, blocks, x, root, per, deadline, fingerprint, seq)
+
+    def barrier(self, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
+        """Every rank shows up, in the same call (a barrier never passes a peer in another
+        collective: it is a chunk without data)."""
+        self._sync(deadline, fingerprint, seq)
