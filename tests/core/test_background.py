@@ -345,7 +345,7 @@ def test_code_a_caller_waits_for_is_compiled_before_the_rest_of_the_queue():
     and after those queued the same way before it."""
     from numba import types
 
-    from ferrodist.core._background import _COMPILER
+    from ferrodist.core._compile.background import _COMPILER
 
     def fresh(k: int):  # type: ignore[no-untyped-def]
         return jit(cache=False)(eval(f"lambda x: x + {k}"))  # a dispatcher of its own

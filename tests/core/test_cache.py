@@ -4,7 +4,7 @@ Numba saves a cache entry by reading the function's index, picking the first fre
 file number, then writing the index and the data with nothing held in between; ranks that
 start together on an empty cache race on it, and an index can end up naming another
 signature's code (seen in ``make test``: ``TypeError: can't unbox array`` in one rank). The
-kernels' cache (``ferrodist.core._jit.SafeCache``) locks each save and load and refuses an
+kernels' cache (``ferrodist.core._compile.jit.SafeCache``) locks each save and load and refuses an
 entry compiled for other argument types.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ferrodist.core import _jit
+from ferrodist.core._compile import jit as _jit
 
 STAMP = (1.0, 1)
 
@@ -58,7 +58,7 @@ def test_the_kernels_use_the_safe_cache():
 MODULE = """
 import numpy as np
 import numba
-from ferrodist.core._jit import jit
+from ferrodist.core._compile.jit import jit
 
 def twice(x):
     out = np.empty_like(x)

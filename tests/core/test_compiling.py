@@ -45,7 +45,7 @@ def test_processes_compiling_one_function_at_once_compile_it_once(tmp_path):
         from numba import typeof, types
         import numpy as np
         from ferrodist.core.kernels import fold_kernel, PLAIN, BXOR
-        from ferrodist.core._compiling import compile_here
+        from ferrodist.core._compile.helper import compile_here
         kernel = fold_kernel(PLAIN, BXOR, False, -1)
         array = typeof(np.zeros(1, np.uint32))
         while not os.path.exists({str(go)!r}):

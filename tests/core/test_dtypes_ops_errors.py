@@ -68,7 +68,6 @@ def test_reduce_op_coercion():
         ReduceOp.coerce(0)
 
 
-
 def test_avg_combines_as_sum_and_divides_once():
     """A step that combines part of the values (a node, a chunk) adds for AVG; only the
     divisor, applied once, makes it a mean. Every other op combines as itself."""
@@ -76,6 +75,7 @@ def test_avg_combines_as_sum_and_divides_once():
     for op in ReduceOp:
         if op is not ReduceOp.AVG:
             assert op.combine is op and op.divisor(4) == 1.0
+
 
 @pytest.mark.parametrize(
     ("cls", "builtin"),

@@ -195,7 +195,7 @@ def test_read_only_destination_is_refused():
 
 @pytest.mark.parametrize(("setting", "frozen"), [(None, True), ("0", False)])
 def test_numba_import_moves_its_objects_out_of_the_collectors_way(setting, frozen):
-    """ferrodist.core._jit freezes the objects Numba's import left (gc.freeze), unless
+    """ferrodist.core._compile.jit freezes the objects Numba's import left (gc.freeze), unless
     FERRODIST_GC_FREEZE=0; a fresh interpreter shows which happened."""
     import os
     import subprocess
@@ -204,7 +204,7 @@ def test_numba_import_moves_its_objects_out_of_the_collectors_way(setting, froze
     env = {k: v for k, v in os.environ.items() if k != "FERRODIST_GC_FREEZE"}
     if setting is not None:
         env["FERRODIST_GC_FREEZE"] = setting
-    code = "import gc, ferrodist.core._jit; print(gc.get_freeze_count())"
+    code = "import gc, ferrodist.core._compile.jit; print(gc.get_freeze_count())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert (int(out.stdout) > 10_000) is frozen

@@ -156,7 +156,8 @@ def test_torch_parameters_with_requires_grad_share_memory(torch):
 
 
 @pytest.mark.parametrize(
-    "name", ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool", "complex64"]
+    "name",
+    ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool", "complex64"],
 )
 def test_host_view_of_a_torch_tensor_is_its_memory_and_leaves_its_storage_resizable(torch, name):
     """torch code frees buffers by resizing their storage to zero after a collective (FSDP's

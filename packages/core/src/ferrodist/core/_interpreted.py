@@ -1,7 +1,7 @@
 """The reductions in numpy, bit for bit what the compiled kernels write.
 
 ``reducer`` runs :func:`fold` while the compiled kernel for a call's types is compiling in
-the background (see ``_background``). It does what ``_kernels.fold_kernel`` does, in the same
+the background (see ``_compile.background``). It does what ``_kernels.fold_kernel`` does, in the same
 order and precision:
 
 - plain dtypes: the sources combined left to right in the array's own dtype (integers wrap

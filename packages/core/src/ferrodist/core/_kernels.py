@@ -29,8 +29,8 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
-from ._compiling import Recipe, made_by
-from ._jit import HARDWARE_HALF, bits_from_f32, f16_bits_from_f32, f32_from_bits, f32_from_f16_bits, jit
+from ._compile.helper import Recipe, made_by
+from ._compile.jit import HARDWARE_HALF, bits_from_f32, f16_bits_from_f32, f32_from_bits, f32_from_f16_bits, jit
 
 SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR = range(8)
 #: Element kinds: the array's own values, or the bits of a bfloat16 / float16.

@@ -106,24 +106,16 @@ def reducer(dt: DType, op: ReduceOp) -> Reducer:
     sources) queues the kernel's compile on the background thread and folds with numpy
     (``_interpreted``, the same bits) until the kernel is ready.
     """
-    from . import _interpreted
-    from ._background import NotCompiled, background, prepare
-    from ._kernels import fold_kernel
-
     kind, view, opcode = plan(dt, op)
     floating = dt.is_floating
-    fronts: dict[tuple[bool, int], Any] = {}
+    twins: dict[tuple[bool, int], Any] = {}
 
     def apply(dst: Array, srcs: tuple[Array, ...], divisor: float, position: int) -> None:
         divide = floating and divisor != 1.0
-        front = fronts.get((divide, position))
-        if front is None:
-            front = fronts[(divide, position)] = background(fold_kernel(kind, opcode, divide, position))
-        try:
-            front(dst, srcs, divisor)
-        except NotCompiled as missing:  # compiling in the background: numpy meanwhile, the same bits
-            prepare([(missing.front, missing.types)])
-            _interpreted.fold(kind, opcode, divide, dst, srcs, divisor)
+        twin = twins.get((divide, position))
+        if twin is None:
+            twin = twins[(divide, position)] = fold_twin(kind, opcode, divide, position)
+        twin(dst, srcs, divisor)
 
     def fold(dst: Array, srcs: Sequence[Array], divisor: float) -> None:
         """At most MAX_FUSED_SOURCES sources."""
@@ -210,3 +202,14 @@ def reduce_into(dst: object, src: object, op: ReduceOp | str = ReduceOp.SUM) -> 
     check_op(op, out.dtype, operation="reduce_into")
     divisor = op.divisor(2)
     reducer(out.dtype, op)(out.flat(), [out.flat(), ins[0].flat()], divisor)
+
+
+@functools.cache
+def fold_twin(kind: int, opcode: int, divide: bool, position: int) -> Any:
+    """The ``Twin`` of ``fold_kernel(kind, opcode, divide, position)``: the compiled fold,
+    or numpy's (``_interpreted.fold``, the same bits) while it compiles."""
+    from ._compile.twin import Twin
+    from ._interpreted import fold
+    from ._kernels import fold_kernel
+
+    return Twin(fold_kernel(kind, opcode, divide, position), functools.partial(fold, kind, opcode, divide))

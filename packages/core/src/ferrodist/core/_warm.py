@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ._background import Front, background
-from ._compiling import Helper, HelperGone, compile_here, in_cache
+from ._compile.background import Front, background
+from ._compile.helper import Helper, HelperGone, compile_here, in_cache
 from ._dtypes import DType
 from ._ops import ReduceOp
 

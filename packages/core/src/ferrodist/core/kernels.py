@@ -14,6 +14,8 @@
   kernel from Python without ever compiling in the caller's thread; the compile runs on a
   background thread while the caller runs an interpreted path, such as :func:`fold_numpy`
   (what :func:`fold_kernel` computes, in numpy, the same bits).
+- :class:`Twin`: a compiled loop and its interpreted twin as one callable: the compiled code
+  where it is loaded, else the twin while the compile runs in the background.
 - :func:`warm`, :func:`cached`, :func:`reduction_kernels`: fill the disk cache ahead of a
   job (``ferrodist warm``), and count what it holds.
 
@@ -27,9 +29,10 @@ Example:
     array([3., 3., 3.])
 """
 
-from ._background import NotCompiled, Ticket, background, prepare, wait_for_compiles
+from ._compile.background import NotCompiled, Ticket, background, prepare, wait_for_compiles
+from ._compile.jit import copy_into, jit, load_acquire, store_release
+from ._compile.twin import Twin
 from ._interpreted import fold as fold_numpy
-from ._jit import copy_into, jit, load_acquire, store_release
 from ._kernels import (
     AVG,
     BAND,
@@ -66,6 +69,7 @@ __all__ = [
     "PRODUCT",
     "SUM",
     "Ticket",
+    "Twin",
     "Warmed",
     "background",
     "cached",

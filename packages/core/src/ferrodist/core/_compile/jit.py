@@ -57,7 +57,7 @@ def _quietly(compile: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     bit. Other warnings pass, and other threads' compiles warn as usual.
 
     ``warnings.catch_warnings`` would swap the process's filters, and a compile on the
-    background thread (``_background``) would then undo the filters another thread set
+    background thread (``background``) would then undo the filters another thread set
     meanwhile (a test's ``pytest.warns``); instead the one module that issues the warning
     (``numba.core.ssa``) gets a ``warnings`` that drops it while this thread compiles."""
     from numba.core import ssa  # imported here: a module Numba itself loads when it compiles
@@ -185,9 +185,9 @@ class SafeCache(caching.FunctionCache):
 def _kernels_stamp() -> str:
     """A digest of the sources every cached kernel may carry: this module and ``_kernels``."""
     digest = hashlib.sha256()
-    here = Path(__file__).parent
-    for name in ("_jit.py", "_kernels.py"):
-        digest.update((here / name).read_bytes())
+    here = Path(__file__)
+    for path in (here, here.parent.parent / "_kernels.py"):
+        digest.update(path.read_bytes())
     return digest.hexdigest()
 
 

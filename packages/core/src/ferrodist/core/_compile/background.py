@@ -12,7 +12,7 @@ Python) and queues the compile with :func:`prepare`. One thread per process work
 the queue in order and hands the code to the fronts; later calls run it.
 
 The thread loads what Numba's disk cache holds. What it does not hold is compiled by the
-process's compile helper (``_compiling``): another process, at a lower CPU priority, that
+process's compile helper (``helper``): another process, at a lower CPU priority, that
 writes the code to the cache while this thread waits without the GIL, then loads it. A
 compile in this process would hold the GIL for seconds (Numba compiles in Python), and
 the training thread beside it would get it only every few milliseconds. The processes of
@@ -58,8 +58,9 @@ import numba  # noqa: F401
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
 
-from ._compiling import Helper, HelperGone, Recipe, compile_here, in_cache
-from ._errors import FerrodistError
+from ferrodist.core._errors import FerrodistError
+
+from .helper import Helper, HelperGone, Recipe, compile_here, in_cache
 
 __all__ = ["NotCompiled", "Ticket", "background", "prepare", "wait_for_compiles"]
 

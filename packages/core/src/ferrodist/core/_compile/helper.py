@@ -29,7 +29,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ._jit import SafeCache
+from .jit import SafeCache
 
 __all__ = ["Helper", "Recipe", "compile_here", "in_cache", "made_by", "main"]
 
@@ -162,7 +162,7 @@ class Helper:
             reply_read, reply_write = os.pipe()
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-m", "ferrodist.core._compiling", str(request_read), str(reply_write)],
+                    [sys.executable, "-m", "ferrodist.core._compile.helper", str(request_read), str(reply_write)],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
@@ -250,6 +250,6 @@ def main(requests: int, replies: int) -> None:
 
 
 if __name__ == "__main__":
-    from ferrodist.core._compiling import main as run  # the module's own copy, not __main__'s
+    from ferrodist.core._compile.helper import main as run  # the module's own copy, not __main__'s
 
     run(int(sys.argv[1]), int(sys.argv[2]))
