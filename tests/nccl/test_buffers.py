@@ -155,3 +155,31 @@ def test_avg_on_integers_is_refused_by_the_core_table():
 def test_unknown_op_names_are_refused():
     with pytest.raises(InvalidArgument):
         nccl_op("median", dtype("float32"), operation="all_reduce")
+
+
+def test_a_buffer_of_a_tensor_knows_its_gpu_and_the_communicator_asks_cuda_only_for_bare_pointers(monkeypatch):
+    from ferrodist.core import Tensor
+    from ferrodist.nccl import _communicator
+
+    asked: list[int] = []
+
+    def pointer_device(pointer: int) -> int:
+        asked.append(pointer)
+        return 0
+
+    monkeypatch.setattr(_communicator._cuda, "pointer_device", pointer_device)
+    comm = _communicator.NcclCommunicator.__new__(_communicator.NcclCommunicator)
+    comm._rank, comm._device = 0, 0
+    known = DeviceBuffer(4096, 4, dtype("float32"), 0)
+    assert comm.buffer(known, "tensor", "all_reduce") is known and asked == []  # the group's Tensor is trusted
+    assert known.block(1, 2).device == 0
+    with pytest.raises(
+        InvalidArgument, match=r"rank 0: all_reduce: tensor is on cuda:1, but this communicator runs on cuda:0"
+    ):
+        comm.buffer(DeviceBuffer(4096, 4, dtype("float32"), 1), "tensor", "all_reduce")
+    assert asked == []
+    assert comm.buffer(DeviceBuffer(8192, 4, dtype("float32")), "tensor", "all_reduce").ptr == 8192
+    assert asked == [8192]  # a bare pointer: CUDA says where it is
+    cuda = pytest.importorskip("numba.cuda")
+    tensor = Tensor.from_device_array(cuda.to_device(np.ones(4, np.float32)))
+    assert device_buffer(tensor, name="tensor", operation="all_reduce").device == tensor.device.index

@@ -22,6 +22,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from ferrodist.core import DeviceEngine, DType, GroupInfo, ReduceOp, reducer, uint8
+from ferrodist.transport import NativeCollectives
 
 from ._algorithms import direct, doubling, ring, tree
 from ._algorithms import native as native_calls
@@ -47,7 +48,9 @@ class Route:
     """The route of one group's calls on this rank: its plans, its CPU route (the
     transport's own collectives where they apply, else ours) and its device engine."""
 
-    def __init__(self, runner: Runner, native: Any, devices: DeviceRoute, info: GroupInfo, *, debug: bool) -> None:
+    def __init__(
+        self, runner: Runner, native: NativeCollectives | None, devices: DeviceRoute, info: GroupInfo, *, debug: bool
+    ) -> None:
         self.runner = runner
         self.native = native  # the transport's own collectives for this group, or None
         self.levels: Levels | None = None  # a world spanning nodes: its two levels
@@ -200,7 +203,7 @@ def _keep(table: dict[Hashable, Any], key: Hashable, value: Any) -> None:
     table[key] = value
 
 
-def _takes(native: Any, dt: DType | None, op: ReduceOp | None, nbytes: int) -> bool:
+def _takes(native: NativeCollectives | None, dt: DType | None, op: ReduceOp | None, nbytes: int) -> bool:
     """Whether the transport's own collectives can run this call."""
     if native is None or dt is None or not native.supports(dt, op):
         return False
@@ -208,7 +211,7 @@ def _takes(native: Any, dt: DType | None, op: ReduceOp | None, nbytes: int) -> b
 
 
 def _cpu_body(
-    native: Any,
+    native: NativeCollectives | None,
     info: GroupInfo,
     operation: str,
     dt: DType | None,
@@ -224,37 +227,26 @@ def _cpu_body(
     at = -1 if root is None else root  # the root of a rooted collective
     kernel: Any = reducer(dt, op) if op is not None and dt is not None else None
     scale = op.divisor(size) if op is not None else 1.0
+    if own and operation in _NATIVE and not (operation == "reduce_scatter" and size == 1):
+        assert native is not None and dt is not None
+        return "transport", _native_body(native, operation, dt, op, at)
     if operation == "all_reduce":
-        if own:
-            return "transport", lambda call, x: native.all_reduce(x, dt, op, call.deadline, call.fingerprint, call.seq)
         name = all_reduce_algorithm(nbytes, size, algorithm, rank=rank)
         run = ring.all_reduce if name == "ring" else doubling.all_reduce
         return name, lambda call, x: run(call, x, kernel, scale)
     if operation == "broadcast":
-        if own:
-            return "transport", lambda call, x: native.broadcast(x, at, dt, call.deadline, call.fingerprint, call.seq)
         return "tree", lambda call, x: tree.broadcast(call, x, at)
     if operation == "reduce":
-        if own:
-            return "transport", lambda call, x: native.reduce(x, at, dt, op, call.deadline, call.fingerprint, call.seq)
         return "tree", lambda call, x: tree.reduce(call, x, at, kernel, scale)
     if operation == "all_gather":
-        if own:
-            return "transport", lambda call, x, blocks: native_calls.all_gather(native, call, x, blocks, dt)
         return "ring", _ring_all_gather
     if operation == "reduce_scatter":
         if size == 1:
             return "copy", _copy_first
-        if own:
-            return "transport", lambda call, out, blocks: native_calls.reduce_scatter(native, call, out, blocks, dt, op)
         return "ring", lambda call, out, blocks: ring.reduce_scatter(call, out, blocks, kernel, scale)
     if operation == "gather":
-        if own:
-            return "transport", lambda call, x, blocks: native_calls.gather(native, call, x, blocks, at, dt)
         return "direct", lambda call, x, blocks: direct.gather(call, x, blocks, at)
     if operation == "scatter":
-        if own:
-            return "transport", lambda call, x, blocks: native_calls.scatter(native, call, x, blocks, at, dt)
         return "direct", lambda call, x, blocks: direct.scatter(call, x, blocks, at)
     if operation == "all_to_all":  # no transport has its own all_to_all
         return "direct", direct.all_to_all
@@ -263,6 +255,32 @@ def _cpu_body(
             return "transport", lambda call: native.barrier(call.deadline, call.fingerprint, call.seq)
         return "dissemination", tree.barrier
     raise AssertionError(f"no CPU route for {operation}")
+
+
+#: The calls a transport's own collectives take (with a dtype; the barrier has its own line).
+_NATIVE = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter")
+
+
+def _native_body(native: NativeCollectives, operation: str, dt: DType, op: ReduceOp | None, at: int) -> Body:
+    """The body of a call that the transport's own collectives run (``_takes`` said they can)."""
+    if operation in ("all_reduce", "reduce", "reduce_scatter"):
+        assert op is not None
+        reduce_op = op
+    if operation == "all_reduce":
+        return lambda call, x: native.all_reduce(x, dt, reduce_op, call.deadline, call.fingerprint, call.seq)
+    if operation == "broadcast":
+        return lambda call, x: native.broadcast(x, at, dt, call.deadline, call.fingerprint, call.seq)
+    if operation == "reduce":
+        return lambda call, x: native.reduce(x, at, dt, reduce_op, call.deadline, call.fingerprint, call.seq)
+    if operation == "all_gather":
+        return lambda call, x, blocks: native_calls.all_gather(native, call, x, blocks, dt)
+    if operation == "reduce_scatter":
+        return lambda call, out, blocks: native_calls.reduce_scatter(native, call, out, blocks, dt, reduce_op)
+    if operation == "gather":
+        return lambda call, x, blocks: native_calls.gather(native, call, x, blocks, at, dt)
+    if operation == "scatter":
+        return lambda call, x, blocks: native_calls.scatter(native, call, x, blocks, at, dt)
+    raise AssertionError(f"the transport's own collectives do not run {operation}")
 
 
 def _ring_all_gather(call: Call, x: Array, blocks: Blocks) -> None:

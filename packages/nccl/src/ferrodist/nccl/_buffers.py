@@ -39,11 +39,14 @@ _BOOL_OPS: dict[ReduceOp, int] = {
 
 @dataclass(frozen=True)
 class DeviceBuffer:
-    """``count`` elements of ``dtype`` at device address ``ptr``."""
+    """``count`` elements of ``dtype`` at device address ``ptr``, on GPU ``device`` when that
+    is known (a buffer made from a ``Tensor`` knows it; one made from a bare pointer does
+    not, and the communicator asks CUDA once per use)."""
 
     ptr: int
     count: int
     dtype: DType
+    device: int | None = None
 
     @property
     def nbytes(self) -> int:
@@ -51,7 +54,7 @@ class DeviceBuffer:
 
     def block(self, index: int, count: int) -> DeviceBuffer:
         """Elements ``index * count .. (index + 1) * count`` as a buffer of their own."""
-        return DeviceBuffer(self.ptr + index * count * self.dtype.itemsize, count, self.dtype)
+        return DeviceBuffer(self.ptr + index * count * self.dtype.itemsize, count, self.dtype, self.device)
 
 
 def _where(rank: int | None, operation: str) -> str:
@@ -124,7 +127,7 @@ def device_buffer(x: object, *, name: str, operation: str, rank: int | None = No
                 rank=rank,
                 operation=operation,
             )
-        buffer = DeviceBuffer(_device_pointer(tensor), tensor.numel, tensor.dtype)
+        buffer = DeviceBuffer(_device_pointer(tensor), tensor.numel, tensor.dtype, tensor.device.index)
     if buffer.ptr == 0 and buffer.count > 0:
         raise InvalidArgument(f"{where}: {name} has a NULL device pointer", rank=rank, operation=operation)
     return buffer

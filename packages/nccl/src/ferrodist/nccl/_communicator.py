@@ -242,10 +242,11 @@ class NcclCommunicator:
         self._settle(status, operation, time.monotonic() + self._timeout, timeout=self._timeout)
 
     def buffer(self, x: object, name: str, operation: str) -> DeviceBuffer:
-        """``x`` as a device buffer, checked to be memory of this communicator's GPU."""
+        """``x`` as a device buffer, checked to be memory of this communicator's GPU (the
+        device a ``Tensor`` knows, or CUDA's answer for a bare pointer)."""
         buf = device_buffer(x, name=name, operation=operation, rank=self._rank)
         if buf.count:
-            where = _cuda.pointer_device(buf.ptr)
+            where = buf.device if buf.device is not None else _cuda.pointer_device(buf.ptr)
             if where != self._device:
                 place = "host memory" if where is None else f"on cuda:{where}"
                 raise InvalidArgument(

@@ -346,7 +346,7 @@ def _consecutive(buffers: Sequence[DeviceBuffer]) -> DeviceBuffer | None:
     for i, buf in enumerate(buffers):
         if buf.dtype is not first.dtype or buf.count != first.count or buf.ptr != first.ptr + i * first.nbytes:
             return None
-    return DeviceBuffer(first.ptr, first.count * len(buffers), first.dtype)
+    return DeviceBuffer(first.ptr, first.count * len(buffers), first.dtype, first.device)
 
 
 def _cast() -> Callable[..., None]:

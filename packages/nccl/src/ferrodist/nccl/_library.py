@@ -298,6 +298,7 @@ class NcclLibrary:
         text = self.ncclGetLastError(comm)
         return text.decode(errors="replace") if text else ""
 
+
 def _wheel_candidates() -> list[Path]:
     try:
         spec = importlib.util.find_spec("nvidia.nccl")

@@ -119,7 +119,7 @@ def make_transport(
     )
 
 
-def connect_transport(kind: str, store: Any, *, rank: int, world_size: int, timeout: float) -> Transport:
+def connect_transport(kind: str, store: KeyValue, *, rank: int, world_size: int, timeout: float) -> Transport:
     """This rank's transport of ``kind`` (``"shm"``, ``"tcp"`` or ``"mpi"``) for a job whose
     ranks all reach ``store``, a key-value store (``set``/``get``/``add``/``wait``, as
     torch's stores have): rank 0 publishes the address of ferrodist's own store there, so

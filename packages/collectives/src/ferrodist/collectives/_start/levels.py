@@ -14,7 +14,7 @@ from ferrodist.collectives._composed.objects import all_gather_object
 from ferrodist.collectives._levels.plan import Nodes
 from ferrodist.collectives._levels.run import Levels
 from ferrodist.core import FerrodistError, InvalidArgument
-from ferrodist.transport import ShmTransport, Transport, this_host
+from ferrodist.transport import ShmTransport, Store, Transport, this_host
 
 if TYPE_CHECKING:
     from ferrodist.collectives._group import ProcessGroup
@@ -115,13 +115,16 @@ def enable(world: ProcessGroup, start_timeout: float | None = None) -> Levels | 
     size = len(nodes.members[node])
     inner: ShmTransport | None = None
     why = ""
-    if size > 1:
+    store = world.transport.store
+    if size > 1 and store is None:
+        why = f"the world's {world.transport.kind} transport has no store for the node's ranks to meet through"
+    elif size > 1 and store is not None:
         try:
             inner = ShmTransport.connect(
                 rank=local,
                 world_size=size,
                 master_addr="127.0.0.1",
-                rendezvous=_Prefixed(world.transport.store, f"ferrodist/levels/node{node}/", start),
+                rendezvous=_Prefixed(store, f"ferrodist/levels/node{node}/", start),
                 timeout=min(world.timeout, _NODE_START),
                 start_timeout=max(start, min(world.timeout, _NODE_START)),
             )
@@ -163,7 +166,7 @@ def attach(world: ProcessGroup, levels: Levels) -> None:
 class _Prefixed:
     """The world's store seen by one node: every key under ``prefix``."""
 
-    def __init__(self, store: Any, prefix: str, timeout: float) -> None:
+    def __init__(self, store: Store, prefix: str, timeout: float) -> None:
         self._store, self._prefix, self._timeout = store, prefix, timeout
 
     def get(self, key: str) -> bytes:
