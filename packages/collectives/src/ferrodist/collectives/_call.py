@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +32,18 @@ _GROUP_SHIFT = _SEQ_BITS + 1
 MAX_USER_TAG = (1 << _SEQ_BITS) - 1
 _TOKEN = np.zeros(1, np.uint8)
 _AGREE = 6  # the scratch slot of ``Call.agree``
+_SUBGROUPS = 1 << 30
 
 
 def collective_tag(group_id: int, seq: int) -> int:
     """The transport tag of collective call number ``seq`` on a group."""
     return (group_id << _GROUP_SHIFT) | _COLLECTIVE_BIT | (seq & MAX_USER_TAG)
+
+
+def subgroup_channel(name: str) -> int:
+    """The group id of a subgroup made by its members only (``ProcessGroup.subgroup``),
+    derived from its name: bit 30 set, apart from the small ids ``new_group`` counts up."""
+    return _SUBGROUPS | (zlib.crc32(name.encode()) & (_SUBGROUPS - 1))
 
 
 def p2p_tag(group_id: int, tag: int) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import weakref
-import zlib
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +38,7 @@ from ferrodist.transport import Transport
 from . import _failure
 from ._algorithms import direct, monitored
 from ._algorithms.select import all_reduce_algorithm
+from ._call import subgroup_channel
 from ._checks import Blocks, Checker, device_blocks, on_group, split_equally, wire_dtype
 from ._device import DeviceRoute, device_type, requested_route
 from ._fingerprint import fingerprint
@@ -48,10 +48,6 @@ from ._rows import Rows
 from ._runner import Runner
 from ._timeouts import Timeout
 from ._work import RequestWork, Work
-
-#: The channels of groups made by their members only (``subgroup``): bit 30 set, apart
-#: from the small numbers ``new_group`` counts up.
-_SUBGROUP_CHANNELS = 1 << 30
 
 
 class ProcessGroup:
@@ -206,7 +202,7 @@ class ProcessGroup:
                 rank=self._global_rank,
                 operation="subgroup",
             )
-        channel = _SUBGROUP_CHANNELS | (zlib.crc32(name.encode()) & (_SUBGROUP_CHANNELS - 1))
+        channel = subgroup_channel(name)
         taken = self._named.get(channel)
         if taken is not None and taken[0] != name and not taken[1]._destroyed:
             raise InvalidArgument(
@@ -252,11 +248,11 @@ class ProcessGroup:
     ) -> Work | None:
         """Reduce ``tensor`` across the group, in place on every rank.
 
-        ``algorithm``: ``"auto"`` (default: recursive doubling up to 64 KiB, ring above),
-        ``"ring"`` or ``"recursive_doubling"``. Every rank ends with identical bits.
-        ``compress="bf16"`` (float32 CUDA tensors): convert to bfloat16 on the device, reduce
-        those (float32 accumulation per step), convert back; half the bytes cross PCIe and
-        the network, at bfloat16 precision.
+        ``algorithm``: ``"auto"`` (the transport's own all_reduce where it takes the call, else two levels
+        across nodes, else recursive doubling up to 64 KiB and a ring above), ``"ring"`` or
+        ``"recursive_doubling"``. Every rank ends with identical bits. ``compress="bf16"`` (float32
+        CUDA tensors): convert to bfloat16 on the device, reduce those (float32 accumulation per
+        step), convert back; half the bytes cross PCIe and the network, at bfloat16 precision.
 
         Example::
 
