@@ -27,7 +27,7 @@ from ferrodist.collectives._algorithms import doubling, ring, tree
 from ferrodist.collectives._call import Array, Call, collective_tag
 from ferrodist.collectives._checks import Blocks
 from ferrodist.collectives._debug import debugging_routes
-from ferrodist.core import DType, FerrodistError, ReduceOp, reducer
+from ferrodist.core import CollectiveMismatch, CollectiveTimeout, DType, FerrodistError, PeerLost, ReduceOp, reducer
 from ferrodist.transport import Transport
 
 from .plan import Nodes
@@ -208,7 +208,7 @@ class Levels:
             self.bridge(aborted, seq)
             return copy.copy(aborted)
         error = self._globally(exc) if inside and exc.aborted_by is None else exc
-        peer = getattr(error, "peer", None)
+        peer = error.peer if isinstance(error, (PeerLost, CollectiveMismatch)) else None
         if isinstance(peer, int) and 0 <= peer < self.nodes.world_size:
             error = copy.copy(error)
             error.args = (f"{error.message} ({self.where(peer)})",)
@@ -228,12 +228,12 @@ class Levels:
         members = self.members
         error = copy.copy(exc)
         told_by = getattr(exc, "told_by", None)
-        peer = getattr(exc, "peer", None)
-        if isinstance(peer, int) and 0 <= peer < len(members) and (told_by is None or peer == told_by):
-            error.peer = members[peer]  # type: ignore[attr-defined]
-        waiting = getattr(exc, "waiting_for", ())
-        if waiting:
-            error.waiting_for = tuple(members[r] for r in waiting if 0 <= r < len(members))  # type: ignore[attr-defined]
+        if isinstance(error, (PeerLost, CollectiveMismatch)):
+            peer = error.peer
+            if isinstance(peer, int) and 0 <= peer < len(members) and (told_by is None or peer == told_by):
+                error.peer = members[peer]
+        if isinstance(error, CollectiveTimeout) and error.waiting_for:
+            error.waiting_for = tuple(members[r] for r in error.waiting_for if 0 <= r < len(members))
         error.rank = self.me
         own, passed_on = exc.message, ""
         if told_by is not None and _PASSED_ON in own:
