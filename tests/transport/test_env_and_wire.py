@@ -79,9 +79,9 @@ def test_an_oversized_frame_is_refused_without_allocating_it():
     t0, t1 = tcp_world(2)
     try:
         link = t1._links[0]
-        with link.send_lock:
-            header = encode_header(DATA, 5, link.send_seq, 0, 1 << 60)  # an exabyte
-            link.send_seq += 1
+        with link.framing.send_lock:
+            header = encode_header(DATA, 5, link.framing.send_seq, 0, 1 << 60)  # an exabyte
+            link.framing.send_seq += 1
             link.sock.sendall(header)
         with pytest.raises(ProtocolError, match="over this process's limit"):
             t0.recv(np.zeros(4), 1, tag=5, timeout=5)
@@ -94,8 +94,8 @@ def test_a_frame_out_of_sequence_is_a_protocol_error():
     t0, t1 = tcp_world(2)
     try:
         link = t1._links[0]
-        with link.send_lock:
-            link.sock.sendall(encode_header(DATA, 1, link.send_seq + 3, 0, 0))
+        with link.framing.send_lock:
+            link.sock.sendall(encode_header(DATA, 1, link.framing.send_seq + 3, 0, 0))
         with pytest.raises(ProtocolError, match="arrived where frame 1 was due"):
             t0.recv(np.zeros(0), 1, tag=1, timeout=5)
     finally:

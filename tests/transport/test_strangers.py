@@ -164,9 +164,9 @@ def test_a_start_that_fails_says_which_connections_it_refused_and_from_where():
 def forge(transport: TcpTransport, peer: int, kind: int, tag: int, length: int) -> None:
     """Send a frame header announcing ``length`` bytes, and none of them."""
     link = transport._links[peer]
-    with link.send_lock:
-        header = encode_header(kind, tag, link.send_seq, 0, length)
-        link.send_seq += 1
+    with link.framing.send_lock:
+        header = encode_header(kind, tag, link.framing.send_seq, 0, length)
+        link.framing.send_seq += 1
         link.sock.sendall(header)
 
 
@@ -182,7 +182,7 @@ def test_a_header_announcing_a_gigabyte_reserves_nothing_before_its_bytes_come()
     tracemalloc.start()
     try:
         forge(t1, 0, DATA, 5, 1 << 30)
-        wait_until(lambda: t0._links[1]._frame is not None)  # its header is read: nobody waits for it yet
+        wait_until(lambda: t0._links[1].framing.frame is not None)  # its header is read: nobody waits for it yet
         with pytest.raises(CollectiveMismatch, match=r"expected 32 bytes from rank 1 .* sent 1073741824") as info:
             t0.recv(np.zeros(4), 1, tag=5, timeout=5)
         assert info.value.peer == 1

@@ -115,15 +115,15 @@ def test_sendrecv_times_out_naming_the_silent_peer(world):
 def test_a_message_that_stops_in_the_middle_times_out_saying_so_and_the_link_goes_on(world):
     t0, t1 = world(2)
     link = t0._links[1]
-    with link.send_lock:  # a frame announcing 1000 bytes, of which only 10 come for now
-        header = encode_header(DATA, 6, link.send_seq, 0, 1000)
-        link.send_seq += 1
+    with link.framing.send_lock:  # a frame announcing 1000 bytes, of which only 10 come for now
+        header = encode_header(DATA, 6, link.framing.send_seq, 0, 1000)
+        link.framing.send_seq += 1
         link.sock.send(header + b"x" * 10)
     into = np.zeros(1000, np.uint8)
     with pytest.raises(CollectiveTimeout, match="stopped in the middle") as info:
         t1.recv(into, 0, 6, timeout=0.5)
     assert info.value.waiting_for == (0,)
-    with link.send_lock:  # the rest comes late; the reader goes on where it stopped
+    with link.framing.send_lock:  # the rest comes late; the reader goes on where it stopped
         link.sock.sendall(b"y" * 990)
     later = np.zeros(4)
     t0.send(np.arange(4.0), 1, tag=7)
@@ -198,9 +198,9 @@ def test_a_waiting_reader_gives_its_core_away_first_where_ranks_outnumber_the_co
 def direct(request, monkeypatch):
     """Both ways a small sendrecv reads directly: its compiled system calls (``compiled``, once
     they are compiled) and the same steps in Python (before that, or off 64-bit Linux).
-    Returns a list that collects what each direct read did (``links.DIRECT_*``)."""
+    Returns a list that collects what each direct read did (``framing.DIRECT_*``)."""
     from ferrodist.core.kernels import wait_for_compiles
-    from ferrodist.transport._tcp import compiled
+    from ferrodist.transport._tcp import compiled, framing
     from ferrodist.transport._tcp import link as links
 
     outcomes: list[int] = []
@@ -212,9 +212,9 @@ def direct(request, monkeypatch):
         compiled.prepare_wire()
         assert wait_for_compiles(120)
         seen = {
-            compiled.DONE: links.DIRECT_DONE,
-            compiled.PAYLOAD: links.DIRECT_PAYLOAD,
-            compiled.OTHER: links.DIRECT_OTHER,
+            compiled.DONE: framing.DIRECT_DONE,
+            compiled.PAYLOAD: framing.DIRECT_PAYLOAD,
+            compiled.OTHER: framing.DIRECT_OTHER,
         }
         exchange = compiled.exchange
 
@@ -235,7 +235,7 @@ def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_t
     exchange's message. Whatever else comes first (a message of another tag, one that
     arrived before the call, one of the wrong size) goes through the mailbox as before."""
     from ferrodist.core import CollectiveMismatch
-    from ferrodist.transport._tcp import link as links
+    from ferrodist.transport._tcp import framing
 
     a, b = world(2)
     outcomes = direct
@@ -247,7 +247,7 @@ def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_t
         assert np.array_equal(got_a, theirs) and np.array_equal(got_b, mine)
 
     exchange(1)
-    assert links.DIRECT_DONE in outcomes or links.DIRECT_PAYLOAD in outcomes
+    assert framing.DIRECT_DONE in outcomes or framing.DIRECT_PAYLOAD in outcomes
 
     outcomes.clear()  # a message of another tag comes first: kept for its own receive
     b.send(np.array([7.0, 8.0, 9.0]), 0, tag=99)
@@ -279,7 +279,7 @@ def test_a_sendrecv_reads_its_message_directly_and_leaves_every_other_frame_to_t
         "rank 0 expected 8000 bytes from rank 1 (tag 0x4)",
         "rank 1 expected 80 bytes from rank 0 (tag 0x4)",
     ]
-    assert links.DIRECT_OTHER in outcomes
+    assert framing.DIRECT_OTHER in outcomes
     exchange(5)
 
 
@@ -296,8 +296,8 @@ def test_a_large_sendrecv_lands_in_its_buffer_while_its_send_waits_for_room(worl
     kept: list[int] = []
     real = mailbox.Mailbox.arriving
 
-    def arriving(self, src, tag, fingerprint, length):  # type: ignore[no-untyped-def]
-        pending, arrival = real(self, src, tag, fingerprint, length)
+    def arriving(self, tag, fingerprint, length):  # type: ignore[no-untyped-def]
+        pending, arrival = real(self, tag, fingerprint, length)
         if arrival is not None and length > 1000:
             kept.append(length)
         return pending, arrival
@@ -349,7 +349,7 @@ def test_a_small_exchange_makes_no_system_call_from_python_once_compiled(world):
 
     for t in (a, b):
         for link in t._links.values():
-            link.sock = Counted(link.sock)
+            link.framing.sock = Counted(link.framing.sock)
     mine, theirs = np.arange(512.0), np.arange(512.0) + 1
     got_a, got_b = np.zeros(512), np.zeros(512)
     clean = 0
@@ -376,9 +376,9 @@ def test_a_receive_whose_message_began_to_arrive_reads_on_after_an_abort_and_see
     a, b = world(2)
     tag, n = 5, 1 << 20
     link = a._links[1]
-    with link.send_lock:  # a frame cut in the middle, as a rank killed while sending leaves it
+    with link.framing.send_lock:  # a frame cut in the middle, as a rank killed while sending leaves it
         link.sock.setblocking(True)
-        link.sock.sendall(encode_header(DATA, tag, link.send_seq, 0, n) + bytes(n // 2))
+        link.sock.sendall(encode_header(DATA, tag, link.framing.send_seq, 0, n) + bytes(n // 2))
     failed: list[BaseException] = []
     started = time.monotonic()
 

@@ -184,7 +184,7 @@ class ShmTransport(TcpTransport):
                 return
             except CollectiveTimeout:
                 pass
-            for error in list(self._lost.values()):
+            for error in list(self._context.lost.values()):
                 rdv.check()  # a rank that left because the start was aborted: raise the reason
                 raise error.with_context("rank 0: a rank was lost before it mapped the shared-memory arena")
             rdv.check_due()
@@ -224,7 +224,7 @@ class ShmTransport(TcpTransport):
         if self._arena is None or self._arena_taken or list(ranks) != list(range(self.world_size)):
             return None
         self._arena_taken = True
-        lost, aborts = self._lost, self._aborts
+        lost, aborts = self._context.lost, self._context.aborts
 
         def health() -> None:
             error = aborts.error(channel)

@@ -3,9 +3,9 @@ payload with one ``sendmsg``, ``receive_frame`` reads the next frame's header, c
 against the message a caller waits for, and reads the payload into the caller's buffer;
 ``exchange_frames`` does both, one after the other, for a sendrecv with one peer.
 
-They do what ``Link.send`` and ``Link.read_direct`` (``link``) do for a small message, without the
-interpreter between the system calls: a small exchange between two nodes spent more CPU in
-Python than in the kernel. Neither waits: the socket is non-blocking, a wait for room or for
+They do what ``Framing.send`` and ``Framing.read_direct`` (``framing``) do for a small
+message, without the interpreter between the system calls: a small exchange between two
+nodes spent more CPU in Python than in the kernel. Neither waits: the socket is non-blocking, a wait for room or for
 bytes goes back to the caller (``receive_frame`` first gives its core away up to ``yields``
 times, as ``read_direct`` does where the ranks outnumber the cores). They are called through
 core's background fronts, so the first calls of a process, before their code is compiled or

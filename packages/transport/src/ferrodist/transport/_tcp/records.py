@@ -1,6 +1,6 @@
-"""The records of a TCP transport's messages: a posted receive (``Pending``, ``Recv``), a
-frame being read (``Frame``), a message that arrives before its receive is posted
-(``Arrival``), and a send (``Done``).
+"""The records of a TCP link's messages: a posted receive (``Pending``, ``Recv``), a frame
+being read (``Frame``), a message that arrives before its receive is posted (``Arrival``),
+and a send (``Done``).
 
 No length read from the wire is reserved before its bytes come: a frame whose receive is
 posted is read into that receive's buffer (and one that does not fit it is read and
@@ -10,13 +10,10 @@ allocated as its bytes arrive (``PIECE``, then at most as much again as has come
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ferrodist.transport._checks import Buffer
 from ferrodist.transport._frames import DATA
-
-if TYPE_CHECKING:
-    from .transport import TcpTransport
 
 __all__ = ["DONE", "PIECE", "Arrival", "Done", "Frame", "Pending", "Recv"]
 
@@ -87,17 +84,20 @@ class Arrival:
 
 
 class Recv:
-    """A posted receive; ``wait`` blocks on the transport's condition variable."""
+    """A posted receive. ``wait`` is the wait of whoever matches it (its sender's link, or
+    for a receive from any of several senders, the links' ``Context``), for ``timeout``
+    seconds unless the caller says otherwise."""
 
-    def __init__(self, transport: TcpTransport, pending: Pending) -> None:
-        self._t = transport
+    def __init__(self, pending: Pending, wait: Callable[[Pending, float], None], timeout: float) -> None:
         self._p = pending
+        self._wait = wait
+        self._timeout = timeout
 
     def is_completed(self) -> bool:
         return self._p.done
 
     def wait(self, timeout: float | None = None) -> None:
-        self._t._wait_recv(self._p, self._t.timeout if timeout is None else timeout)
+        self._wait(self._p, self._timeout if timeout is None else timeout)
 
     @property
     def source(self) -> int | None:

@@ -6,13 +6,18 @@ connection is authenticated (``auth``) and then introduced with a HELLO frame. W
 secret (no ``FERRODIST_TOKEN``, none from the launcher) a job listens on loopback only, and
 one across hosts is refused.
 
-Each connection has a receiver thread that reads frames as they come: a frame whose
-receive is already posted is read with ``recv_into`` straight into the destination
-buffer; one that arrives first is kept, in pieces allocated as its bytes come, until its
-receive is posted (a receive posted while it arrives checks its size at once). Because the peer
-always reads, a send never waits for the receiver's code to get to its receive, so the
-sends and receives of a ring step cannot deadlock on full socket buffers. When a peer
-dies, its connection breaks, and every rank waiting on it raises ``PeerLost`` at once.
+Each connection is a ``Link`` that owns everything of its peer, and has a receiver thread
+that reads frames as they come: a frame whose receive is already posted is read with
+``recv_into`` straight into the destination buffer; one that arrives first is kept, in
+pieces allocated as its bytes come, until its receive is posted (a receive posted while it
+arrives checks its size at once). Because the peer always reads, a send never waits for
+the receiver's code to get to its receive, so the sends and receives of a ring step cannot
+deadlock on full socket buffers. When a peer dies, its connection breaks, and every rank
+waiting on it raises ``PeerLost`` at once.
+
+The transport checks each call's arguments and hands it to the link of its peer; what the
+links share (``Context``) it hands them when they are made. It also starts the job, sends
+the abort notices and goodbyes, and runs the barrier.
 """
 
 from __future__ import annotations
@@ -20,27 +25,23 @@ from __future__ import annotations
 import copy
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ferrodist.core import AuthenticationFailed, CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
-from ferrodist.transport._aborts import Aborts, Notice, channel_of, decode_notice, departure, encode_notice, fresh
+from ferrodist.core import AuthenticationFailed, FerrodistError, InvalidArgument, PeerLost
+from ferrodist.transport._aborts import Notice, encode_notice
 from ferrodist.transport._checks import (
     Buffer,
     as_bytes,
-    check_match,
     check_peer,
     check_sources,
     check_tag,
-    lost_sender,
-    receiving,
 )
 from ferrodist.transport._cores import yields_for
-from ferrodist.transport._frames import ABORT, DATA, GOODBYE
+from ferrodist.transport._frames import ABORT, GOODBYE
 from ferrodist.transport._protocol import DEFAULT_TIMEOUT
 from ferrodist.transport._start.accept import Refusals
 from ferrodist.transport._start.auth import Secret, job_secret, where_to_listen
@@ -50,9 +51,10 @@ from ferrodist.transport._start.net import local_address
 from ferrodist.transport._start.rendezvous import Rendezvous, open_store, open_store_through, report_bad_start
 from ferrodist.transport._start.store import KeyValue, StoreClient, StoreServer
 
-from .link import NOTICE_LIMIT, Link
-from .mailbox import Mailbox
-from .records import DONE, Done, Frame, Pending, Recv
+from .context import Context
+from .framing import NOTICE_LIMIT
+from .link import Link
+from .records import DONE, Done, Pending, Recv
 
 __all__ = ["TcpTransport"]
 
@@ -60,8 +62,6 @@ _BARRIER_TAGS = 0xFFFF << 48  # the transport's own barrier messages use tags fr
 _DEFAULT_MAX_FRAME = 16 << 30
 #: Seconds a notice may take to leave for one peer before that link is given up.
 _NOTICE_SEND = 0.5
-#: A sendrecv's message up to this size is read straight into its buffer (``Link.take``).
-_DIRECT = 64 << 10
 
 
 class TcpTransport:
@@ -83,20 +83,13 @@ class TcpTransport:
         self._rank = rank
         self._world_size = world_size
         self._timeout = float(timeout)
-        self._max_frame = max_frame_bytes
+        self._context = Context(rank, max_frame_bytes)  # what the links share
         self._links: dict[int, Link] = {}
-        self._cond = threading.Condition()
-        self._mailbox = Mailbox(rank, self._cond)  # posted receives and early arrivals, under _cond
-        self._lost: dict[int, FerrodistError] = {}
-        self._aborts = Aborts()
-        self._stopped: dict[int, set[int]] = {}  # channel -> senders of the receives its abort failed
-        self._closing = False
         self._barriers = 0
         self._store: StoreClient | None = None
         self._server: StoreServer | None = None
         self._refusals = Refusals()  # connections from outside the job that this rank's ports refused
         self._leaving: FerrodistError | None = None  # why this rank leaves (its start failed), for its goodbyes
-        self.yields = 0  # how often a wait gives the core away before it sleeps (see share_host)
 
     # -- rendezvous ---------------------------------------------------------------------------
     @classmethod
@@ -188,7 +181,7 @@ class TcpTransport:
             for peer, sock in mesh(rdv, host, key, self._refusals):
                 self._add_link(peer, sock)
             rdv.finish(self._server, self._stop)
-            stopped = self._lost.get(rank)
+            stopped = self._context.lost.get(rank)
             if stopped is not None:  # an abort came while rank 0 marked the job started
                 raise stopped
         except FerrodistError as exc:
@@ -224,7 +217,7 @@ class TcpTransport:
         _report_start_failure(error, rank, world_size, master_addr, master_port, token, one_host)
 
     def _add_link(self, peer: int, sock: socket.socket) -> None:
-        self._links[peer] = Link(self, peer, sock)
+        self._links[peer] = Link(peer, sock, self._context, self._links)
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -256,63 +249,23 @@ class TcpTransport:
         waits for a core, and a sleep and a wake-up cost more than the message."""
         self.yields = yields_for(ranks)
 
+    @property
+    def yields(self) -> int:
+        """How often a wait for a message gives the core away before it sleeps (see ``share_host``)."""
+        return self._context.yields
+
+    @yields.setter
+    def yields(self, count: int) -> None:
+        self._context.yields = count
+
     # -- receiving -----------------------------------------------------------------------------
-    def _begin(self, link: Link, tag: int, fingerprint: int, length: int) -> Frame:
-        """A DATA frame's header has arrived on ``link``: decide where its payload goes."""
-        if self._aborts.error(channel_of(tag)) is not None:  # read and dropped: nobody will take it
-            frame = Frame(tag, fingerprint, None, None)
-            frame.left = length
-            frame.next_piece()
-            return frame
-        with self._cond:
-            pending, arrival = self._mailbox.arriving(link.peer, tag, fingerprint, length)
-        frame = Frame(tag, fingerprint, pending, None)
-        if pending is None:
-            frame.arrival = arrival
-            frame.left = length
-            frame.next_piece()
-            return frame
-        frame.error = check_match(
-            self._rank, link.peer, tag, pending.buf.nbytes, pending.fingerprint, length, fingerprint
-        )
-        if frame.error is None:
-            frame.piece = memoryview(pending.buf).cast("B")  # type: ignore[arg-type]
-        else:
-            frame.left = length
-            frame.next_piece()
-        return frame
-
-    def _complete(self, link: Link, frame: Frame) -> None:
-        """The last byte of ``frame`` has arrived: finish its receive, or keep it for one."""
-        if frame.kind == ABORT:
-            seq, error = decode_notice(bytes(frame.payload or b""), self._rank, link.peer)
-            self._abort_here(frame.tag, error, heard=(link.peer, seq))  # an ABORT frame's tag is the channel
-            return
-        if frame.kind == GOODBYE:
-            link._end(departure(self._rank, link.peer, bytes(frame.payload or b"")))
-            return
-        arrival = frame.arrival
-        if arrival is not None:
-            with self._cond:
-                arrival.done = True
-                if arrival.taker is not None:  # its receive was posted while the bytes were arriving
-                    self._mailbox.fill(arrival.taker, link.peer, arrival)
-                    self._cond.notify_all()
-            return
-        pending = frame.pending
-        if pending is None:
-            return  # a dropped frame of an aborted channel
-        with self._cond:
-            pending.error = frame.error
-            pending.done = True
-            self._cond.notify_all()
-
     def irecv(self, buf: Buffer, src: int, tag: int = 0, *, fingerprint: int = 0) -> Recv:
         src = check_peer(self._rank, self._world_size, src, "recv")
         tag = check_tag(tag, "recv")
         pending = Pending(as_bytes(buf, "recv", writeable=True, rank=self._rank), tag, fingerprint, src)
-        self._post(pending)
-        return Recv(self, pending)
+        link = self._links[src]
+        link.post(pending)
+        return Recv(pending, link.wait, self._timeout)
 
     def irecv_any(self, buf: Buffer, sources: Sequence[int], tag: int = 0, *, fingerprint: int = 0) -> Recv:
         """Receive the first message with ``tag`` that any of ``sources`` sends (its
@@ -320,105 +273,19 @@ class TcpTransport:
         peers = check_sources(self._rank, self._world_size, sources)
         tag = check_tag(tag, "recv")
         pending = Pending(as_bytes(buf, "recv", writeable=True, rank=self._rank), tag, fingerprint, sources=peers)
-        self._post(pending)
-        return Recv(self, pending)
-
-    def _post(self, pending: Pending) -> None:
-        with self._cond:
-            aborted = self._aborts.error(channel_of(pending.tag))
-            if aborted is not None:
-                awaited = pending.src if pending.sources is None else None
-                pending.error, pending.done = fresh(aborted, f"rank {self._rank}: {receiving(pending)}", awaited), True
-            elif pending.sources is not None:
-                self._mailbox.post_any(pending)
-            else:
-                self._mailbox.post(pending, pending.src)
+        self._context.post_any(pending)
+        return Recv(pending, self._context.wait, self._timeout)
 
     def recv(self, buf: Buffer, src: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.irecv(buf, src, tag, fingerprint=fingerprint).wait(timeout)
-
-    def _wait_recv(self, pending: Pending, limit: float, *, claimed: bool = False) -> None:
-        """Wait for ``pending`` for up to ``limit`` seconds, reading its sender's link itself
-        (``claimed``: the caller has claimed it already; a receive from any of several
-        senders leaves the reading to the links' threads)."""
-        deadline = time.monotonic() + limit
-        link = self._links.get(pending.src) if pending.sources is None else None
-        if not pending.done and link is not None and not link.ended:
-            if claimed:
-                link.read_for(pending, deadline)
-            else:
-                link.claim()
-                try:
-                    link.read_for(pending, deadline)
-                finally:
-                    link.unclaim()
-        if pending.done:  # the common case: no lock to take
-            if pending.error is not None:
-                raise pending.error
-            return
-        channel = channel_of(pending.tag)
-
-        def ended() -> FerrodistError | None:  # an abort comes before the departure that follows it
-            lost = self._aborts.error(channel) or self._lost.get(self._rank)
-            return lost or lost_sender(self._lost, pending.senders)
-
-        self._mailbox.wait(pending, deadline, limit, ended)
-
-    def _lose(self, peer: int, error: FerrodistError, frame: Frame | None = None) -> None:
-        """Record that ``peer`` is gone (or its stream is corrupt) and wake every waiter;
-        the receive that ``frame`` was filling fails with ``error``."""
-        with self._cond:
-            self._lost.setdefault(peer, error)
-            if frame is not None:  # the receive it was filling, or that took the message it was keeping
-                taker = frame.pending if frame.arrival is None else frame.arrival.taker
-                if taker is not None:
-                    taker.error = error
-                    taker.done = True
-            self._cond.notify_all()
 
     # -- sending -------------------------------------------------------------------------------
     def isend(self, buf: Buffer, dst: int, tag: int = 0, *, fingerprint: int = 0, timeout: float | None = None) -> Done:
         dst = check_peer(self._rank, self._world_size, dst, "send")
         tag = check_tag(tag, "send")
-        self._send(as_bytes(buf, "send"), dst, tag, fingerprint, self._timeout if timeout is None else timeout)
+        limit = self._timeout if timeout is None else timeout
+        self._links[dst].send_message(as_bytes(buf, "send"), tag, fingerprint, limit)
         return DONE
-
-    def _send(
-        self, payload: Buffer, dst: int, tag: int, fingerprint: int, limit: float, reply: Pending | None = None
-    ) -> bool:
-        """Send one message to ``dst``. ``reply``: a small one's receive from ``dst`` too, in the
-        same call where the link allows (``Link.exchange``); False if it did not, and nothing
-        was sent then."""
-        lost = self._aborts.error(channel_of(tag)) or self._lost.get(self._rank) or self._lost.get(dst)
-        if lost is not None:
-            raise fresh(lost, f"rank {self._rank} cannot send to rank {dst}")
-        link = self._links[dst]
-        try:
-            if reply is not None:
-                return link.exchange(payload, reply, time.monotonic() + limit)
-            link.send(DATA, tag, fingerprint, payload, limit)
-            return True
-        except TimeoutError:
-            stalled = CollectiveTimeout(
-                f"rank {self._rank} could not hand {payload.nbytes} bytes to rank {dst} within {limit:g} s: "
-                f"rank {dst} is not reading (stopped or overloaded)",
-                rank=self._rank,
-                waiting_for=(dst,),
-            )
-            self._lose(dst, stalled)  # a frame was cut in the middle: this connection is unusable now
-            raise stalled from None
-        except OSError as exc:
-            said = link.last_words(channel_of(tag))
-            if said is not None:  # it left because of a failure it told us about: report that
-                raise fresh(said, f"rank {self._rank} cannot send to rank {dst}") from None
-            error = PeerLost(
-                f"rank {self._rank} cannot send to rank {dst}: the connection broke "
-                f"({exc.strerror or exc}); it died or was killed",
-                peer=dst,
-                rank=self._rank,
-            )
-            self._lose(dst, error)
-            raise error from None
 
     def send(self, buf: Buffer, dst: int, tag: int = 0, *, timeout: float | None = None, fingerprint: int = 0) -> None:
         self.isend(buf, dst, tag, fingerprint=fingerprint, timeout=timeout)
@@ -435,34 +302,16 @@ class TcpTransport:
         fingerprint: int = 0,
     ) -> None:
         """Send ``send_buf`` to ``dst`` and receive ``recv_buf`` from ``src`` at once (one
-        ring step). This thread reads ``src``'s frames itself for the whole call, also while
-        its send waits for room, so no thread hand-off delays the reply."""
-        limit = self._timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        ring step): checked here, run by ``src``'s link (``Link.sendrecv``), whose caller
+        reads ``src``'s frames itself for the whole call."""
         rank = self._rank
         src = check_peer(rank, self._world_size, src, "recv")
         dst = check_peer(rank, self._world_size, dst, "send")
         tag = check_tag(tag, "sendrecv")
         pending = Pending(as_bytes(recv_buf, "recv", writeable=True, rank=rank), tag, fingerprint, src)
         payload = as_bytes(send_buf, "send")
-        link = self._links[src]
-        # A small exchange sends first and reads its message straight into its buffer after
-        # (Link.take). A large one posts its receive first, so that while its send waits for
-        # room the bytes that come land in the buffer (Link._room), not in a kept copy.
-        # With the same peer both ways, one compiled call can do both (Link.exchange).
-        direct = pending.buf.nbytes <= _DIRECT and payload.nbytes <= _DIRECT
-        link.claim()
-        try:
-            if not direct:
-                self._post(pending)
-            if not (direct and src == dst and self._send(payload, dst, tag, fingerprint, limit, pending)):
-                self._send(payload, dst, tag, fingerprint, max(0.0, deadline - time.monotonic()))
-                if direct:
-                    link.take(pending, deadline)
-            if not pending.done or pending.error is not None:
-                self._wait_recv(pending, max(0.0, deadline - time.monotonic()), claimed=True)
-        finally:
-            link.unclaim()
+        links = self._links
+        links[src].sendrecv(payload, links[dst], pending, self._timeout if timeout is None else timeout)
 
     def native_collectives(self, ranks: Sequence[int], channel: int) -> Any:
         """None: over TCP the collectives run their own algorithms (``ShmTransport`` has some)."""
@@ -472,11 +321,12 @@ class TcpTransport:
     def abort(self, channel: int, error: FerrodistError, *, peers: Sequence[int], seq: int) -> None:
         """Abort ``channel`` here (see ``_aborts``) and send each of ``peers`` a notice, once
         per channel; a peer that does not take it within half a second is given up."""
-        earlier = self._aborts.first(other_than=channel)
-        self._abort_here(channel, error)
-        if not self._aborts.notify_once(channel):
+        context = self._context
+        earlier = context.aborts.first(other_than=channel)
+        context.abort_here(channel, error)
+        if not context.aborts.notify_once(channel):
             return
-        senders = self._stopped.get(channel, set())
+        senders = context.stopped.get(channel, set())
         if error.aborted_by is not None and error.awaited is None and len(senders) == 1:
             # Passing a peer's failure on: say whose message the receive it stopped waited for.
             error = copy.copy(error)
@@ -484,12 +334,12 @@ class TcpTransport:
         notice = np.frombuffer(encode_notice(seq, error, self._rank, earlier, limit=NOTICE_LIMIT), np.uint8)
         for peer in peers:
             link = self._links.get(peer)
-            if link is None or link.ended or peer in self._lost:
+            if link is None or link.ended or peer in context.lost:
                 continue
             try:
                 link.send(ABORT, channel, 0, notice, _NOTICE_SEND)
             except TimeoutError:
-                self._lose(
+                context.lose(
                     peer, PeerLost(f"rank {peer} stopped reading (an abort notice could not reach it)", peer=peer)
                 )
             except OSError:
@@ -497,34 +347,19 @@ class TcpTransport:
 
     def aborted(self, channel: int) -> FerrodistError | None:
         """The error ``channel`` was aborted with (here or by a peer's notice), or None."""
-        return self._aborts.error(channel)
+        return self._context.aborts.error(channel)
 
     def on_abort(self, channel: int, respond: Callable[[FerrodistError, int], None]) -> None:
         """Call ``respond(error, seq)`` when a peer's notice first aborts ``channel`` here."""
-        self._aborts.watch(channel, respond)
+        self._context.aborts.watch(channel, respond)
 
     def notices(self, channel: int) -> dict[int, Notice]:
         """The peers that sent a notice for ``channel``, each with the call it was in."""
-        return self._aborts.heard(channel)
+        return self._context.aborts.heard(channel)
 
     def gone(self) -> frozenset[int]:
         """The peers whose connection ended."""
-        return frozenset(peer for peer in list(self._lost) if peer != self._rank)
-
-    def _abort_here(self, channel: int, error: FerrodistError, heard: tuple[int, int] | None = None) -> None:
-        """Record the abort, drop what arrived for the channel, fail its posted receives."""
-        if heard is not None:
-            self._aborts.hear(channel, heard[0], heard[1], error)
-        else:
-            self._aborts.record(channel, error)
-        first = self._aborts.error(channel)
-        assert first is not None
-        with self._cond:
-            for pending in self._mailbox.clear(lambda tag: channel_of(tag) == channel):
-                awaited = pending.src if pending.sources is None else None
-                pending.error, pending.done = fresh(first, f"rank {self._rank}: {receiving(pending)}", awaited), True
-                self._stopped.setdefault(channel, set()).update(pending.senders)
-            self._cond.notify_all()
+        return frozenset(peer for peer in list(self._context.lost) if peer != self._rank)
 
     # -- whole world ---------------------------------------------------------------------------
     def barrier(self, *, timeout: float | None = None) -> None:
@@ -546,13 +381,14 @@ class TcpTransport:
         """Stop this rank's part of the job with ``error`` (rank 0, when an abort comes just
         after the start, see ``rendezvous``): every later call here raises it, and every peer
         gets a goodbye that carries it. The connections stay up until ``close``."""
-        with self._cond:
-            if self._closing or self._rank in self._lost:
+        context = self._context
+        with context.cond:
+            if context.closing or self._rank in context.lost:
                 return
-        self._lose(self._rank, error)
+        context.lose(self._rank, error)
         why = np.frombuffer(encode_notice(-1, error, self._rank, limit=NOTICE_LIMIT), np.uint8)
         for link in list(self._links.values()):
-            if link.peer not in self._lost and not link.farewell:
+            if link.peer not in context.lost and not link.farewell:
                 try:
                     link.send(GOODBYE, 0, 0, why, _NOTICE_SEND)
                     link.farewell = True
@@ -561,33 +397,30 @@ class TcpTransport:
 
     def close(self) -> None:
         """Say goodbye to every peer and close the connections (and the store on rank 0). Idempotent."""
-        if self._closing:
+        context = self._context
+        if context.closing:
             return
-        self._closing = True
+        context.closing = True
         cause = (
             self._leaving
-            or self._aborts.first()
-            or self._lost.get(self._rank)
-            or next((e for p, e in self._lost.items() if p != self._rank), None)
+            or context.aborts.first()
+            or context.lost.get(self._rank)
+            or next((e for p, e in context.lost.items() if p != self._rank), None)
         )
         why = (
             None if cause is None else np.frombuffer(encode_notice(-1, cause, self._rank, limit=NOTICE_LIMIT), np.uint8)
         )
         for link in list(self._links.values()):
             try:
-                if link.peer not in self._lost and not link.farewell:
+                if link.peer not in context.lost and not link.farewell:
                     link.send(GOODBYE, 0, 0, why, 1.0)  # with the failure that makes this rank leave
                 link.sock.shutdown(socket.SHUT_RDWR)  # the goodbye still goes out; our reader wakes up
             except (OSError, TimeoutError):
                 pass
         deadline = time.monotonic() + 2.0
         for link in self._links.values():
-            if link.thread.is_alive():
-                link.thread.join(max(0.0, deadline - time.monotonic()))
-            if not link.thread.is_alive():
-                link._events.close()
-            link.sock.close()
-        self._lose(self._rank, PeerLost(f"rank {self._rank}: this transport is closed", peer=self._rank))
+            link.close(deadline)
+        context.lose(self._rank, PeerLost(f"rank {self._rank}: this transport is closed", peer=self._rank))
         if self._store is not None:
             self._store.close()
         if self._server is not None:
