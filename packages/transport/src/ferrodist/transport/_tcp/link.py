@@ -323,7 +323,7 @@ class Link:
             if not direct:
                 self.post(pending)
                 to.send_message(payload, tag, fingerprint, max(0.0, deadline - time.monotonic()))
-            elif to is not self or not self._exchanged(payload, pending, limit):
+            elif to is not self or not self.exchange(payload, pending, limit):
                 to.send_message(payload, tag, fingerprint, max(0.0, deadline - time.monotonic()))
                 self.take(pending, deadline)
             if not pending.done or pending.error is not None:
@@ -353,46 +353,42 @@ class Link:
         finally:
             self.let_go()
 
-    def exchange(self, payload: Buffer, pending: Pending, deadline: float) -> bool:
+    def exchange(self, payload: Buffer, pending: Pending, limit: float) -> bool:
         """A small ``sendrecv`` with this peer both ways, on the claimed link: the frame out
         and, where nothing can be in the way (as in ``take``), pending's message read into
         its buffer, in one compiled call (``Framing.exchange``); what that leaves undone goes
-        on as ``send`` and ``take`` would. False: nothing was sent (the code is not ready
-        yet, or the link is not clear), the caller sends and takes as usual. Raises what
-        ``send`` raises."""
-        framing = self.framing
-        with framing.send_lock:
-            if self.ended or not framing.read_lock.acquire(blocking=False):
-                return False
-            try:
-                if not self._clear(pending.tag):
-                    return False
-                result = framing.exchange(payload, pending, self.context.yields)
-                if result < 0:
-                    return False
-                status = result & 7
-                if status == compiled.DONE:  # the common case
-                    return True
-                if status != compiled.WAIT and status != compiled.UNSENT:
-                    try:
-                        outcome = framing.read_compiled(pending, deadline, self.context.yields, result)
-                    except OSError as exc:
-                        self._failed(exc)
-                        outcome = DIRECT_WAIT
-                    self._settle(pending, outcome)
-                    return True
-            finally:
-                self.let_go()
-            if status == compiled.UNSENT:
-                framing.finish_exchange(payload, deadline)
-        self.take(pending, deadline)  # not here yet: waited for without the send lock
-        return True
-
-    def _exchanged(self, payload: Buffer, pending: Pending, limit: float) -> bool:
-        """``exchange``, with the checks before and the errors of ``send_message``."""
+        on as ``send_message`` and ``take`` would. False: nothing was sent (the code is not
+        ready yet, or the link is not clear), the caller sends and takes as usual. Raises
+        what ``send_message`` raises."""
         self._check_open(pending.tag)
+        framing, deadline = self.framing, time.monotonic() + limit
         try:
-            return self.exchange(payload, pending, time.monotonic() + limit)
+            with framing.send_lock:
+                if self.ended or not framing.read_lock.acquire(blocking=False):
+                    return False
+                try:
+                    if not self._clear(pending.tag):
+                        return False
+                    result = framing.exchange(payload, pending, self.context.yields)
+                    if result < 0:
+                        return False
+                    status = result & 7
+                    if status == compiled.DONE:  # the common case
+                        return True
+                    if status != compiled.WAIT and status != compiled.UNSENT:
+                        try:
+                            outcome = framing.read_compiled(pending, deadline, self.context.yields, result)
+                        except OSError as exc:
+                            self._failed(exc)
+                            outcome = DIRECT_WAIT
+                        self._settle(pending, outcome)
+                        return True
+                finally:
+                    self.let_go()
+                if status == compiled.UNSENT:
+                    framing.finish_exchange(payload, deadline)
+            self.take(pending, deadline)  # not here yet: waited for without the send lock
+            return True
         except OSError as exc:
             raise self._send_failed(exc, pending.tag, payload.nbytes, limit) from None
 
