@@ -94,6 +94,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "PRODUCT",
         "SUM",
         "Ticket",
+        "Twin",
         "Warmed",
         "background",
         "cached",
