@@ -93,6 +93,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "PLAIN",
         "PRODUCT",
         "SUM",
+        "Later",
         "Ticket",
         "Twin",
         "Warmed",

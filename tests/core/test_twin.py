@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ferrodist.core.kernels import PLAIN, SUM, Twin, fold_numpy, jit, wait_for_compiles
+from ferrodist.core.kernels import PLAIN, SUM, Twin, fold_numpy, jit, prepare, wait_for_compiles
 
 
 @jit
@@ -48,10 +48,49 @@ def test_the_fold_twin_agrees_with_numpy_to_the_bit():
     twin = fold_twin(PLAIN, SUM, True, -1)
     rng = np.random.default_rng(11)
     srcs = tuple(rng.standard_normal(4097) for _ in range(3))
-    twin.prepare(tuple(twin.front.typeof_pyval(v) for v in (np.empty(4097), srcs, 3.0)))
+    assert twin.front is not None
+    prepare([(twin.front, tuple(twin.front.typeof_pyval(v) for v in (np.empty(4097), srcs, 3.0)))])
     assert wait_for_compiles(120)
     compiled, reference = np.empty(4097), np.empty(4097)
     assert twin.ready(compiled, srcs, 3.0)
     twin(compiled, srcs, 3.0)
     fold_numpy(PLAIN, SUM, True, reference, srcs, 3.0)
     assert np.array_equal(compiled, reference)
+
+
+@jit
+def _scaled_difference(out, a, b, scale):  # type: ignore[no-untyped-def]
+    for i in range(out.shape[0]):
+        out[i] = (a[i] - b[i]) / scale
+    return out.shape[0]
+
+
+def test_a_driver_that_calls_a_front_first_falls_back_whole_and_later_waits_for_its_misses():
+    from ferrodist.core.kernels import Later, background
+
+    front = background(_scaled_difference)
+    types = tuple(front.typeof_pyval(v) for v in (np.empty(3), np.ones(3), np.ones(3), 2.0))
+    policy = Later(lambda: [(front, types)], 3)
+    ran: list[int] = []
+
+    def driver(out, a, b, scale):  # type: ignore[no-untyped-def]
+        n = front(out, a, b, scale)  # raises NotCompiled before the driver does anything
+        ran.append(n)
+        return n
+
+    def interpreted(out, a, b, scale):  # type: ignore[no-untyped-def]
+        np.divide(a - b, scale, out=out)
+        return out.shape[0]
+
+    twin = Twin(driver, interpreted, queue=policy.missed)
+    assert twin.front is None and "driver" in repr(twin)
+    out, a, b = np.empty(3), np.full(3, 5.0), np.ones(3)
+    for misses in (1, 2):
+        assert twin(out, a, b, 2.0) == 3
+        assert policy.misses == misses and not policy.queued, "nothing queued before `after` misses"
+    assert twin(out, a, b, 2.0) == 3
+    assert policy.queued and ran == []
+    assert wait_for_compiles(120)
+    out[...] = 0
+    assert twin(out, a, b, 2.0) == 3
+    assert ran == [3] and np.array_equal(out, np.full(3, 2.0)), "the driver ran the compiled loop"

@@ -15,7 +15,8 @@
   background thread while the caller runs an interpreted path, such as :func:`fold_numpy`
   (what :func:`fold_kernel` computes, in numpy, the same bits).
 - :class:`Twin`: a compiled loop and its interpreted twin as one callable: the compiled code
-  where it is loaded, else the twin while the compile runs in the background.
+  where it is loaded, else the twin while the compile runs in the background; :class:`Later`:
+  a family of loops whose compiles are queued after a number of misses.
 - :func:`warm`, :func:`cached`, :func:`reduction_kernels`: fill the disk cache ahead of a
   job (``ferrodist warm``), and count what it holds.
 
@@ -31,7 +32,7 @@ Example:
 
 from ._compile.background import NotCompiled, Ticket, background, prepare, wait_for_compiles
 from ._compile.jit import copy_into, jit, load_acquire, store_release
-from ._compile.twin import Twin
+from ._compile.twin import Later, Twin
 from ._interpreted import fold as fold_numpy
 from ._kernels import (
     AVG,
@@ -61,6 +62,7 @@ __all__ = [
     "BOR",
     "BXOR",
     "F16",
+    "Later",
     "MAX",
     "MAX_FUSED_SOURCES",
     "MIN",

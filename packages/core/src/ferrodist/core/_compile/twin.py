@@ -26,48 +26,89 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .background import Front, NotCompiled, Ticket, background, prepare
+from numba.core.dispatcher import Dispatcher
 
-__all__ = ["Twin"]
+from .background import Front, NotCompiled, background, prepare
+
+__all__ = ["Later", "Twin", "queue_missing"]
+
+
+Item = tuple[Any, tuple[Any, ...]]  # (front, argument types), as ``prepare`` takes them
+
+
+def queue_missing(missing: NotCompiled) -> None:
+    """What a miss queues by default: the compile of the function it missed, for its types."""
+    prepare([(missing.front, missing.types)])
 
 
 class Twin:
-    """``compiled`` (a function of ``jit``) and ``interpreted`` (a Python function taking
-    the same arguments and giving the same results and return value, to the bit), called as
-    one: the compiled code where it is loaded for the arguments' types, else the interpreted
-    one, with the compile queued."""
+    """``compiled`` and ``interpreted``, called as one: the compiled code where it is loaded
+    for the arguments' types, else the interpreted one, with the compile queued.
 
-    __slots__ = ("front", "interpreted")
+    ``compiled`` is a function of ``jit`` (called through its front), or a Python function
+    that drives compiled loops and calls their fronts before it does anything else, so that
+    a missing loop raises :class:`NotCompiled` before any of its work. ``interpreted`` takes
+    the same arguments and gives the same results and return value, to the bit. ``queue``:
+    what a miss queues (default: that function's compile for those types; a :class:`Later`
+    waits for a number of misses first)."""
 
-    def __init__(self, compiled: Any, interpreted: Callable[..., Any]) -> None:
-        self.front: Front = background(compiled)
+    __slots__ = ("compiled", "front", "interpreted", "queue")
+
+    def __init__(
+        self,
+        compiled: Any,
+        interpreted: Callable[..., Any],
+        *,
+        queue: Callable[[NotCompiled], None] = queue_missing,
+    ) -> None:
+        self.front: Front | None = None
+        if isinstance(compiled, Dispatcher):
+            self.front = compiled if isinstance(compiled, Front) else background(compiled)
+            compiled = self.front
+        self.compiled: Callable[..., Any] = compiled
         self.interpreted = interpreted
+        self.queue = queue
 
     def __call__(self, *args: Any) -> Any:
         try:
-            return self.front(*args)
+            return self.compiled(*args)
         except NotCompiled as missing:
-            prepare([(missing.front, missing.types)])
+            self.queue(missing)
             return self.interpreted(*args)
 
     @property
     def name(self) -> str:
-        return str(self.front.py_func.__qualname__)
+        return str(getattr(self.compiled, "__qualname__", None) or self.compiled.py_func.__qualname__)  # type: ignore[attr-defined]
 
     def ready(self, *args: Any) -> bool:
-        """Whether compiled code for these arguments' types is loaded (the next call runs it)."""
+        """Whether a jit twin has compiled code loaded for these arguments' types."""
+        assert self.front is not None, f"{self!r} drives its loops; ask their fronts"
         types = tuple(self.front.typeof_pyval(a) for a in args)
         return types in self.front.overloads
-
-    def prepare(self, *signatures: tuple[Any, ...], always: bool = False) -> Ticket:
-        """Queue the compile (or the load from the disk cache) for each signature (Numba
-        types); ``always=True`` compiles even under ``FERRODIST_KERNELS=interpreted``, for
-        code that a caller waits for. The ticket says when all of them are ready."""
-        return prepare([(self.front, tuple(signature)) for signature in signatures], always=always)
 
     def __repr__(self) -> str:
         twin = getattr(self.interpreted, "__qualname__", repr(self.interpreted))
         return f"Twin({self.name}, interpreted: {twin})"
+
+
+class Later:
+    """A family of loops not worth compiling at their first miss: ``items()`` are queued
+    (each a request of its own, in order) once ``after`` calls have run interpreted. A
+    process's first few calls (a job's start) then share no core with a compiler, and a
+    long run gets the compiled code. Pass its ``missed`` as a :class:`Twin`'s ``queue``."""
+
+    def __init__(self, items: Callable[[], Sequence[Item]], after: int) -> None:
+        self.items = items
+        self.after = after
+        self.misses = 0
+        self.queued = False
+
+    def missed(self, missing: NotCompiled) -> None:
+        self.misses += 1
+        if self.misses >= self.after and not self.queued:
+            self.queued = True
+            for item in self.items():
+                prepare([item])
