@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from ferrodist.core import DType, InvalidArgument, ReduceOp, reducer
-from ferrodist.core.kernels import NotCompiled, pairwise_opcode, plan, prepare
+from ferrodist.core.kernels import Twin, pairwise_opcode, plan
 
 from . import loops, stepwise
 from .arena import Arena
-from .fronts import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, SMALL, SMALL_START
+from .fronts import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, SMALL, SMALL_START, small_first
 
 __all__ = ["SMALL_ALL_REDUCE", "ShmCollectives"]
 
@@ -52,6 +52,22 @@ class ShmCollectives:
         self._state[loops.SLOTS], self._state[loops.BYTES] = arena.slots, arena.chunk
         self._state[loops.SPINS] = arena.spins
         self.all_reduce_up_to = 1 << 62  # the arena is the fastest way at every size
+        # the most bytes per rank an all_reduce moves the one-slot way (size x ranks at most
+        # two chunks and ``SMALL_ALL_REDUCE``)
+        self._small_bytes = min(2 * arena.chunk, SMALL_ALL_REDUCE) // arena.world
+        # Each collective's compiled loop (driven from Python) and the same protocol step by step.
+        self.twins = {
+            "all_reduce (one slot)": Twin(self._small_compiled, self._small_stepwise, queue=small_first),
+            "all_reduce": Twin(self._chunks_compiled, self._chunks_stepwise),
+            "broadcast": Twin(self._broadcast_compiled, self._broadcast_stepwise),
+            "all_gather": Twin(self._all_gather_compiled, self._all_gather_stepwise),
+            "reduce_scatter": Twin(self._reduce_scatter_compiled, self._reduce_scatter_steps),
+        }
+        self._small = self.twins["all_reduce (one slot)"].call
+        self._chunks = self.twins["all_reduce"].call
+        self._broadcast = self.twins["broadcast"].call
+        self._all_gather = self.twins["all_gather"].call
+        self._reduce_scatter = self.twins["reduce_scatter"].call
 
     @property
     def size(self) -> int:
@@ -100,33 +116,33 @@ class ShmCollectives:
         """Small messages (size x ranks up to ``SMALL_ALL_REDUCE``): every rank publishes its
         data and reduces all of it (one sync). Larger: per chunk, reduce-scatter through the
         slots, then gather (bandwidth-optimal)."""
-        a, p = self._a, self._a.world
-        if 0 < x.nbytes and x.nbytes * p <= min(2 * a.chunk, SMALL_ALL_REDUCE):
-            small = self._small_kinds.get((dt, op))
-            if small is None:
-                small = self._small_kinds[(dt, op)] = self._small_kind(dt, op)
-            if small:
-                view, opcode, divisor, half = small
-                flat, data, words, state = (x if view is None else x.view(view)), a.data, a.words, self._state
-                call_id = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # its 64 bits
-                state[loops.SPINS] = a.small_spins
-                try:
-                    status = SMALL_START(flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1)
-                except NotCompiled as missing:
-                    # The resumption first: a front that runs the start finds it ready.
-                    prepare([(SMALL, missing.types[:5]), (missing.front, missing.types)])
-                else:
-                    if status == loops.DONE:  # the common case: no Python wait, no wake-up
-                        a.chunks = int(state[loops.CHUNK])
-                        return
-                    step = lambda state: SMALL(flat, data, words, state, divisor)  # noqa: E731
-                    self._resume(step, status, deadline, fingerprint, seq, bulk=False)
-                    return
-            # One rank, or the compiled loop not ready: the same protocol in Python.
-            views, fold, divisor = self._small_plan(dt, op, x.shape[0])
-            stepwise.all_reduce_slot(a, self._health, x, views, fold, divisor, deadline, fingerprint, seq)
+        if 0 < x.nbytes <= self._small_bytes:
+            self._small(x, dt, op, deadline, fingerprint, seq)
+        else:
+            self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=None)
+
+    def _small_compiled(self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int) -> None:
+        """The one-slot all_reduce's compiled loop: its start, and its resumption from Python
+        when it returns a wait or a wake-up for a peer."""
+        small = self._small_kinds.get((dt, op))
+        if small is None:
+            small = self._small_kinds[(dt, op)] = self._small_kind(dt, op)
+        if not small:  # one rank: the same protocol in Python
+            return self._small_stepwise(x, dt, op, deadline, fingerprint, seq)
+        view, opcode, divisor, half = small
+        a = self._a
+        flat, data, words, state = (x if view is None else x.view(view)), a.data, a.words, self._state
+        call_id = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # its 64 bits
+        state[loops.SPINS] = a.small_spins
+        status = SMALL_START(flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1)
+        if status == loops.DONE:  # the common case: no Python wait, no wake-up
+            a.chunks = int(state[loops.CHUNK])
             return
-        self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=None)
+        self._resume(lambda state: SMALL(flat, data, words, state, divisor), status, deadline, fingerprint, seq, False)
+
+    def _small_stepwise(self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int) -> None:
+        views, fold, divisor = self._small_plan(dt, op, x.shape[0])
+        stepwise.all_reduce_slot(self._a, self._health, x, views, fold, divisor, deadline, fingerprint, seq)
 
     def reduce(
         self, x: Array, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
@@ -143,29 +159,33 @@ class ShmCollectives:
         into ``x``, and every rank (``root=None``) or the root alone copies the other blocks
         from their owners' slots. ``x`` is read once and written once, and its lines are
         still in cache when they are written. float16/bfloat16 fold in float32 blocks."""
-        a, p = self._a, self._a.world
-        divisor = op.divisor(p)
+        p = self._a.world
         self._per(dt)  # the chunk must hold an element
         if p > 1 and x.shape[0] == 0:
             self._sync(deadline, fingerprint, seq)
-            return
-        if p > 1:
-            view, opcode, _, half = self._small_kind(dt, op)
-            flat, data, words = (x if view is None else x.view(view)), a.data, a.words
-            bulk = x.nbytes > a.chunk
-            state = self._start(fingerprint, seq, opcode, -1 if root is None else root, bulk)
-            state[loops.HALF] = half
-            step = lambda state: ALL_REDUCE(flat, data, words, state, divisor)  # noqa: E731
-            try:
-                status = step(state)
-            except NotCompiled as missing:
-                prepare([(missing.front, missing.types)])
-                fold = self._fold(dt, op)
-                stepwise.all_reduce(a, self._health, x, fold, divisor, root, deadline, fingerprint, seq)
-                return
-            self._resume(step, status, deadline, fingerprint, seq, bulk)
-            return
-        reducer(dt, op)(x, [x], divisor)  # one rank: its own data, as the kernels round it
+        elif p > 1:
+            self._chunks(x, dt, op, deadline, fingerprint, seq, root)
+        else:
+            reducer(dt, op)(x, [x], op.divisor(p))  # one rank: its own data, as the kernels round it
+
+    def _chunks_compiled(
+        self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int, root: int | None
+    ) -> None:
+        a = self._a
+        divisor = op.divisor(a.world)
+        view, opcode, _, half = self._small_kind(dt, op)
+        flat, data, words = (x if view is None else x.view(view)), a.data, a.words
+        bulk = x.nbytes > a.chunk
+        state = self._start(fingerprint, seq, opcode, -1 if root is None else root, bulk)
+        state[loops.HALF] = half
+        step = lambda state: ALL_REDUCE(flat, data, words, state, divisor)  # noqa: E731
+        self._resume(step, step(state), deadline, fingerprint, seq, bulk)
+
+    def _chunks_stepwise(
+        self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int, root: int | None
+    ) -> None:
+        fold = self._fold(dt, op)
+        stepwise.all_reduce(self._a, self._health, x, fold, op.divisor(self._a.world), root, deadline, fingerprint, seq)
 
     def _small_kind(self, dt: DType, op: ReduceOp) -> tuple[Any, ...]:
         """(view, opcode, divisor, half) for ``loops.all_reduce_small`` and
@@ -190,33 +210,22 @@ class ShmCollectives:
         state[loops.SPINS] = self._a.spins if bulk else self._a.small_spins  # long while cores are idle, else short
         return state
 
-    def _drive(
+    def _run(
         self,
         step: Callable[[Array], int],
-        interpreted: Callable[[], None],
         deadline: float,
         fingerprint: int,
         seq: int,
-        count: int,
         op: int = 0,
         root: int = -1,
         nbytes: int = 0,
     ) -> None:
-        """Run a compiled loop of ``loops`` (``step(state)``) to the end, or, while it is
-        not compiled for these arrays, ``interpreted()``: the same protocol in Python. A call
-        without elements (``count`` 0) still meets every rank and checks its call.
-        ``nbytes``: what it moves per rank (more than a chunk: a bulk transfer)."""
-        if count == 0:
-            self._sync(deadline, fingerprint, seq)
-            return
-        try:
-            bulk = nbytes > self._a.chunk
-            status = step(self._start(fingerprint, seq, op, root, bulk))
-        except NotCompiled as missing:
-            prepare([(missing.front, missing.types)])
-            interpreted()
-            return
-        self._resume(step, status, deadline, fingerprint, seq, bulk)
+        """Run a compiled loop of ``loops`` (``step(state)``) to the end; its first step raises
+        ``NotCompiled`` before anything runs where the loop is not compiled for these arrays
+        (its ``Twin`` then runs the protocol step by step). ``nbytes``: what it moves per rank
+        (more than a chunk: a bulk transfer)."""
+        bulk = nbytes > self._a.chunk
+        self._resume(step, step(self._start(fingerprint, seq, op, root, bulk)), deadline, fingerprint, seq, bulk)
 
     def _resume(
         self, step: Callable[[Array], int], status: int, deadline: float, fingerprint: int, seq: int, bulk: bool = True
@@ -242,64 +251,60 @@ class ShmCollectives:
             a.chunks = int(state[loops.CHUNK])
 
     def broadcast(self, x: Array, root: int, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
-        a = self._a
         self._per(dt)
         flat = x.view(np.uint8)
-        data, words = a.data, a.words
-        self._drive(
-            lambda state: BROADCAST(flat, data, words, state),
-            lambda: stepwise.broadcast(a, self._health, flat, root, deadline, fingerprint, seq),
-            deadline,
-            fingerprint,
-            seq,
-            flat.shape[0],
-            root=root,
-            nbytes=flat.nbytes,
-        )
+        if flat.shape[0] == 0:  # a call without elements still meets every rank and checks its call
+            self._sync(deadline, fingerprint, seq)
+            return
+        self._broadcast(flat, root, deadline, fingerprint, seq)
+
+    def _broadcast_compiled(self, flat: Array, root: int, deadline: float, fingerprint: int, seq: int) -> None:
+        data, words = self._a.data, self._a.words
+        step = lambda state: BROADCAST(flat, data, words, state)  # noqa: E731
+        self._run(step, deadline, fingerprint, seq, root=root, nbytes=flat.nbytes)
+
+    def _broadcast_stepwise(self, flat: Array, root: int, deadline: float, fingerprint: int, seq: int) -> None:
+        stepwise.broadcast(self._a, self._health, flat, root, deadline, fingerprint, seq)
 
     def all_gather(self, x: Array, out: Array, dt: DType, deadline: float, fingerprint: int = 0, seq: int = 0) -> None:
-        a = self._a
         self._per(dt)
         flat, whole = x.view(np.uint8), out.view(np.uint8)
-        data, words = a.data, a.words
-        self._drive(
-            lambda state: ALL_GATHER(flat, whole, data, words, state),
-            lambda: stepwise.all_gather(a, self._health, flat, whole, deadline, fingerprint, seq),
-            deadline,
-            fingerprint,
-            seq,
-            flat.shape[0],
-            nbytes=flat.nbytes,
-        )
+        if flat.shape[0] == 0:
+            self._sync(deadline, fingerprint, seq)
+            return
+        self._all_gather(flat, whole, deadline, fingerprint, seq)
+
+    def _all_gather_compiled(self, flat: Array, whole: Array, deadline: float, fingerprint: int, seq: int) -> None:
+        data, words = self._a.data, self._a.words
+        step = lambda state: ALL_GATHER(flat, whole, data, words, state)  # noqa: E731
+        self._run(step, deadline, fingerprint, seq, nbytes=flat.nbytes)
+
+    def _all_gather_stepwise(self, flat: Array, whole: Array, deadline: float, fingerprint: int, seq: int) -> None:
+        stepwise.all_gather(self._a, self._health, flat, whole, deadline, fingerprint, seq)
 
     def reduce_scatter(
         self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None:
         """Per chunk: a rank copies into its slot the parts other ranks reduce, then reduces
         its own part from its input and the peers' slots straight into ``out``."""
-        divisor = op.divisor(self._a.world)
-        n = out.shape[0]
         self._per(dt, parts=self._a.world)
-        pairwise = pairwise_opcode(dt, op)
-        if pairwise is not None and not np.may_share_memory(out, blocks):
-            view, opcode = pairwise
-            ins, outs = (blocks, out) if view is None else (blocks.view(view), out.view(view))
-            data, words = self._a.data, self._a.words
-            self._drive(
-                lambda state: REDUCE_SCATTER(ins, outs, data, words, state, divisor),
-                lambda: self._reduce_scatter_steps(blocks, out, dt, op, deadline, fingerprint, seq),
-                deadline,
-                fingerprint,
-                seq,
-                n,
-                opcode,
-                nbytes=blocks.nbytes,
-            )
-            return
-        if n == 0:
+        if out.shape[0] == 0:
             self._sync(deadline, fingerprint, seq)
-            return
-        self._reduce_scatter_steps(blocks, out, dt, op, deadline, fingerprint, seq)
+        elif pairwise_opcode(dt, op) is not None and not np.may_share_memory(out, blocks):
+            self._reduce_scatter(blocks, out, dt, op, deadline, fingerprint, seq)
+        else:
+            self._reduce_scatter_steps(blocks, out, dt, op, deadline, fingerprint, seq)
+
+    def _reduce_scatter_compiled(
+        self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int
+    ) -> None:
+        pairwise = pairwise_opcode(dt, op)
+        assert pairwise is not None
+        view, opcode = pairwise
+        ins, outs = (blocks, out) if view is None else (blocks.view(view), out.view(view))
+        data, words, divisor = self._a.data, self._a.words, op.divisor(self._a.world)
+        step = lambda state: REDUCE_SCATTER(ins, outs, data, words, state, divisor)  # noqa: E731
+        self._run(step, deadline, fingerprint, seq, opcode, nbytes=blocks.nbytes)
 
     def _reduce_scatter_steps(
         self, blocks: Array, out: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int

@@ -9,21 +9,36 @@ from typing import Any
 import numpy as np
 
 from ferrodist.core import DType, ReduceOp
-from ferrodist.core.kernels import background, plan
+from ferrodist.core.kernels import NotCompiled, background, plan, prepare
 
 from . import loops
 
-__all__ = ["ALL_GATHER", "ALL_REDUCE", "BROADCAST", "REDUCE_SCATTER", "SMALL", "SMALL_START", "pipeline_kernels"]
+__all__ = [
+    "ALL_GATHER",
+    "ALL_REDUCE",
+    "BROADCAST",
+    "REDUCE_SCATTER",
+    "SMALL",
+    "SMALL_START",
+    "pipeline_kernels",
+    "small_first",
+]
 
 #: The compiled loops, called from Python only through their fronts: a call whose loop is not
-#: compiled for its dtype yet raises ``NotCompiled`` before it starts, and runs ``stepwise``
-#: instead while the loop compiles in the background.
+#: compiled for its dtype yet raises ``NotCompiled`` before it starts, and its ``Twin`` in
+#: ``ShmCollectives`` runs ``stepwise`` instead while the loop compiles in the background.
 SMALL_START = background(loops.all_reduce_small_start)
 SMALL = background(loops.all_reduce_small)
 ALL_REDUCE = background(loops.all_reduce)
 BROADCAST = background(loops.broadcast)
 ALL_GATHER = background(loops.all_gather)
 REDUCE_SCATTER = background(loops.reduce_scatter)
+
+
+def small_first(missing: NotCompiled) -> None:
+    """What a miss of the one-slot all_reduce queues: its resumption first, then its start,
+    so that a front that runs the start finds the resumption ready."""
+    prepare([(SMALL, missing.types[:5]), (missing.front, missing.types)])
 
 
 def pipeline_kernels(dtypes: Sequence[DType]) -> list[tuple[Any, tuple[Any, ...]]]:
