@@ -47,9 +47,13 @@ def test_first_use_calls_on_an_empty_cache_return_the_right_result_within_the_ti
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_ranks_on_the_interpreted_paths_and_ranks_on_the_compiled_loops_agree(monkeypatch):
-    """3 ranks, rank 1 interpreted; 256-byte slots (3 of them): many cases cross many
-    chunks and reuses slots, on every route."""
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_ranks_on_the_interpreted_paths_and_ranks_on_the_compiled_loops_agree(monkeypatch, backend):
+    """3 ranks, rank 1 interpreted: every ``Twin`` of the transport (the shared-memory loops
+    and their stepwise protocol; the compiled frame calls and their Python steps) meets its
+    other half in one call, and every result and every rank's bits must be the same. Over
+    shm, 256-byte slots (3 of them): many cases cross many chunks and reuse slots, on every
+    route."""
     monkeypatch.setenv("FERRODIST_SHM_CHUNK", "256")
     monkeypatch.setenv("FERRODIST_SHM_SLOTS", "3")
     cases = 400  # the 397 planned (every collective, dtype and op), then random ones
@@ -64,7 +68,7 @@ def test_ranks_on_the_interpreted_paths_and_ranks_on_the_compiled_loops_agree(mo
             str(SCRIPTS / "mixed_kernels.py"),
             "1",
             str(cases),
-            "shm",
+            backend,
         ],
         capture_output=True,
         text=True,
@@ -72,4 +76,4 @@ def test_ranks_on_the_interpreted_paths_and_ranks_on_the_compiled_loops_agree(mo
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(3):
-        assert f"[rank {rank}] rank {rank} of 3: {cases} cases passed over shm" in done.stdout
+        assert f"[rank {rank}] rank {rank} of 3: {cases} cases passed over {backend}" in done.stdout

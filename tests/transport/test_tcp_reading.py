@@ -199,7 +199,7 @@ def direct(request, monkeypatch):
     """Both ways a small sendrecv reads directly: its compiled system calls (``compiled``, once
     they are compiled) and the same steps in Python (before that, or off 64-bit Linux).
     Returns a list that collects what each direct read did (``framing.DIRECT_*``)."""
-    from ferrodist.core.kernels import wait_for_compiles
+    from ferrodist.core.kernels import prepare, wait_for_compiles
     from ferrodist.transport._tcp import compiled, framing
     from ferrodist.transport._tcp import link as links
 
@@ -209,7 +209,7 @@ def direct(request, monkeypatch):
     else:
         if not compiled.AVAILABLE:
             pytest.skip("the compiled socket calls are built for 64-bit Linux only")
-        compiled.prepare_wire()
+        prepare(compiled.frame_kernels())
         assert wait_for_compiles(120)
         seen = {
             compiled.DONE: framing.DIRECT_DONE,
@@ -327,13 +327,13 @@ def test_a_small_exchange_makes_no_system_call_from_python_once_compiled(world):
     compiled call. Every Python-level socket call of the calling threads is counted; a call
     may still take the general path now and then (its link's thread read the message first
     after a pause of the test), so most, not all, must make none."""
-    from ferrodist.core.kernels import wait_for_compiles
+    from ferrodist.core.kernels import prepare, wait_for_compiles
     from ferrodist.transport._tcp import compiled
 
     if not compiled.AVAILABLE:
         pytest.skip("the compiled socket calls are built for 64-bit Linux only")
     a, b = world(2)
-    compiled.prepare_wire()  # a link queues it at its first small frame; here before any
+    prepare(compiled.frame_kernels())  # a transport queues them after some small frames; here before any
     assert wait_for_compiles(120)
     calls: list[str] = []
 

@@ -146,14 +146,22 @@ def test_an_exchange_sends_its_frame_and_reads_the_reply():
         b.close()
 
 
-def test_a_process_queues_the_compiles_only_once_it_has_moved_enough_small_frames(monkeypatch):
+def test_a_transport_queues_the_compiles_only_once_it_has_moved_enough_small_frames(monkeypatch):
     """A start moves a handful of frames through Python; the compiles (seconds of CPU on an
-    empty cache) wait for the ``WORTH_COMPILING``-th, and go once."""
-    queued: list[int] = []
-    monkeypatch.setattr(compiled, "_missed", 0)
-    monkeypatch.setattr(compiled, "prepare_wire", lambda: queued.append(compiled._missed))
+    empty cache) wait for the ``WORTH_COMPILING``-th, and go once, each a request of its own."""
+    from ferrodist.core.kernels import Later as later
+    from ferrodist.core.kernels import NotCompiled
+    from ferrodist.transport._tcp import context
+
+    queued: list[object] = []
+    monkeypatch.setattr("ferrodist.core._compile.twin.prepare", lambda items: queued.append(items))
+    frames = context.Context(0, 1 << 20).frames
+    assert isinstance(frames, later) and frames.after == compiled.WORTH_COMPILING
+    miss = NotCompiled.__new__(NotCompiled)
     for _ in range(compiled.WORTH_COMPILING - 1):
-        compiled.missed()
+        frames.missed(miss)
     assert queued == []
-    compiled.missed()
-    assert queued == [compiled.WORTH_COMPILING]
+    frames.missed(miss)
+    assert queued == [[item] for item in compiled.frame_kernels()]
+    frames.missed(miss)
+    assert len(queued) == len(compiled.frame_kernels()), "once"

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from numba import types
 
-from ferrodist.core.kernels import NotCompiled, background, jit, prepare
+from ferrodist.core.kernels import background, jit
 from ferrodist.transport._frames import DATA, HEADER, MAGIC, PROTOCOL_VERSION
 from ferrodist.transport._libc import address, sys_recv, sys_sendmsg, sys_yield
 
@@ -40,12 +40,9 @@ __all__ = [
     "SENT",
     "UNSENT",
     "WAIT",
-    "NotCompiled",
     "exchange",
     "first_word",
     "frame_kernels",
-    "missed",
-    "prepare_wire",
     "receive",
     "send",
     "signed",
@@ -191,33 +188,6 @@ exchange = background(exchange_frames)
 #: Small frames a process moves through Python before it queues these compiles (about
 #: 1.7 s of CPU on an empty cache): a job's start moves a handful, a training loop thousands.
 WORTH_COMPILING = 64
-_missed = 0  # frames moved through Python because the code was missing
-_queued = False  # prepare_wire has queued the compiles
-
-
-def missed() -> None:
-    """A link moved a frame through Python because the compiled code was missing: queue the
-    compiles once that has happened ``WORTH_COMPILING`` times. Not at once: a start of the
-    job would share the cores with them, and a shared-memory transport's start waits (with
-    a peer's deadline running) for the compile of the waits it cannot run without."""
-    global _missed
-    _missed += 1
-    if _missed >= WORTH_COMPILING:
-        prepare_wire()
-
-
-def prepare_wire() -> None:
-    """Queue, once per process, the compile (or the cache load) of the three functions for
-    the types the links pass: int64 scalars, the link's header words and scratch, uint8
-    buffers (a payload to send may be read-only). Each signature is a request of its own:
-    code that a caller waits for (a shared-memory transport's waits, at its start) goes
-    ahead of them in the queue, and so waits behind at most the one being compiled."""
-    global _queued
-    if _queued or not AVAILABLE:
-        return
-    _queued = True
-    for item in frame_kernels():
-        prepare([item])
 
 
 def frame_kernels() -> list[tuple[Any, tuple[Any, ...]]]:

@@ -12,9 +12,11 @@ import threading
 import time
 
 from ferrodist.core import CollectiveTimeout, FerrodistError
+from ferrodist.core.kernels import Later
 from ferrodist.transport._aborts import Aborts, channel_of, fresh
 from ferrodist.transport._checks import lost_sender, receive_timeout, receiving
 
+from . import compiled
 from .mailbox import Mailboxes
 from .records import Pending
 
@@ -33,6 +35,8 @@ class Context:
         self.lost: dict[int, FerrodistError] = {}  # peer (or this rank: stopped, closed) -> why
         self.stopped: dict[int, set[int]] = {}  # channel -> senders of the receives its abort failed
         self.yields = 0  # how often a wait gives the core away before it sleeps (see share_host)
+        # the links' compiled frame calls: queued once they have run in Python WORTH_COMPILING times
+        self.frames = Later(compiled.frame_kernels, compiled.WORTH_COMPILING)
         self.closing = False
 
     def lose(self, peer: int, error: FerrodistError, taker: Pending | None = None) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ferrodist.core import PeerLost, ProtocolError
+from ferrodist.core.kernels import NotCompiled, Twin
 from ferrodist.transport._checks import Buffer
 from ferrodist.transport._frames import (
     ABORT,
@@ -73,6 +74,7 @@ class Framing:
         begin_data: Callable[[int, int, int], Frame],
         deliver: Callable[[Frame], None],
         room: Callable[[float], bool],
+        missed: Callable[[NotCompiled], None],
     ) -> None:
         self.sock = sock
         sock.setblocking(False)
@@ -99,6 +101,13 @@ class Framing:
         self.readable.register(self.fd, select.POLLIN)
         self.writable = select.poll()
         self.writable.register(self.fd, select.POLLOUT)
+        # The compiled frame calls and the same steps in Python (64-bit Linux has the former;
+        # ``missed``: what a call that found no compiled code queues).
+        self.read_direct: Callable[[Pending, float, int], int] = self.read_python
+        self._send_small: Callable[[int, int, int, Buffer, float], None] = self._send_small_python
+        if compiled.AVAILABLE:
+            self.read_direct = Twin(self.read_compiled, self.read_python, queue=missed).call
+            self._send_small = Twin(self._send_small_compiled, self._send_small_python, queue=missed).call
 
     # -- reading (the caller holds read_lock) ---------------------------------------------------
     def read(self) -> bool:
@@ -175,7 +184,7 @@ class Framing:
         self.got = 0
         self.frame = self.begin()
 
-    def read_direct(self, pending: Pending, deadline: float, yields: int) -> int:
+    def read_python(self, pending: Pending, deadline: float, yields: int) -> int:
         """A caller's read of the message ``pending`` is for, straight into its buffer: no
         mailbox, no frame record, no lock but the reader's. The caller holds ``read_lock``,
         the connection is between frames (a header may have begun) and no receive or kept
@@ -186,12 +195,8 @@ class Framing:
         ``DIRECT_OTHER`` (a whole header of another message: post pending, then begin that
         frame) or ``DIRECT_PAYLOAD`` (pending's message has begun: its frame is the one
         being read now, pending claimed, and the general reader finishes it). Raises
-        ``OSError`` where the connection failed."""
-        if compiled.AVAILABLE:
-            try:
-                return self.read_compiled(pending, deadline, yields)
-            except compiled.NotCompiled:  # its code is not ready yet: the same steps in Python
-                compiled.missed()
+        ``OSError`` where the connection failed. ``read_direct`` is this or, where its code is
+        loaded, ``read_compiled``: the same steps as one compiled call."""
         sock, header = self.sock, self._header
         while self.got < HEADER.size:
             try:
@@ -290,49 +295,48 @@ class Framing:
         nbytes = 0 if payload is None else payload.nbytes
         deadline = time.monotonic() + timeout
         with self.send_lock:
-            if payload is not None and 0 < nbytes <= _SMALL and compiled.AVAILABLE:
-                try:  # header and payload in one system call from compiled code
-                    sent = compiled.send(
-                        self.fd, self.words, _WORDS[kind], compiled.signed(tag), self.send_seq,
-                        compiled.signed(fingerprint), payload, self.message,
-                    )  # fmt: skip
-                except compiled.NotCompiled:  # its code is not ready yet: the same steps in Python
-                    compiled.missed()
-                else:
-                    self.send_seq += 1
-                    if sent < 0:
-                        raise OSError(-sent, os.strerror(-sent))
-                    self._finish(self._words_bytes, payload, sent, deadline)
-                    return
+            if payload is not None and 0 < nbytes <= _SMALL:  # header and payload in one system call
+                self._send_small(kind, tag, fingerprint, payload, deadline)
+                return
             header = encode_header(kind, tag, self.send_seq, fingerprint, nbytes)
             self.send_seq += 1
-            if payload is None or nbytes == 0:
-                self._write(memoryview(header), deadline)
-            elif nbytes <= _SMALL:
-                try:  # header and payload in one system call, no joined copy
-                    sent = self.sock.sendmsg((header, payload))  # type: ignore[arg-type]
-                except BlockingIOError:
-                    sent = 0
-                self._finish(memoryview(header), payload, sent, deadline)
-            else:
-                self._write(memoryview(header), deadline)
+            self._write(memoryview(header), deadline)
+            if payload is not None and nbytes:
                 self._write(memoryview(payload).cast("B"), deadline)  # type: ignore[arg-type]
+
+    def _send_small_compiled(self, kind: int, tag: int, fingerprint: int, payload: Buffer, deadline: float) -> None:
+        """A small frame from compiled code (``compiled.send_frame``); the caller holds ``send_lock``."""
+        sent = compiled.send(
+            self.fd, self.words, _WORDS[kind], compiled.signed(tag), self.send_seq,
+            compiled.signed(fingerprint), payload, self.message,
+        )  # fmt: skip
+        self.send_seq += 1
+        if sent < 0:
+            raise OSError(-sent, os.strerror(-sent))
+        self._finish(self._words_bytes, payload, sent, deadline)
+
+    def _send_small_python(self, kind: int, tag: int, fingerprint: int, payload: Buffer, deadline: float) -> None:
+        """The same frame with ``sendmsg`` from Python: no joined copy of header and payload."""
+        header = encode_header(kind, tag, self.send_seq, fingerprint, payload.nbytes)
+        self.send_seq += 1
+        try:
+            sent = self.sock.sendmsg((header, payload))  # type: ignore[arg-type]
+        except BlockingIOError:
+            sent = 0
+        self._finish(memoryview(header), payload, sent, deadline)
 
     def exchange(self, payload: Buffer, pending: Pending, yields: int) -> int:
         """A DATA frame of ``payload`` out and, once it is all out, pending's message read
         into its buffer if it is the next frame, in one compiled call
         (``compiled.exchange_frames``). The caller holds ``send_lock`` and ``read_lock``,
         and nothing can come before pending's message. Returns that call's result (a whole
-        message: pending is done), or -1 where the code is not ready (nothing was sent)."""
-        try:
-            result = compiled.exchange(
-                self.fd, self.words, compiled.signed(pending.tag), self.send_seq,
-                compiled.signed(pending.fingerprint), payload, self.message, self.head, self.got,
-                self.recv_seq, pending.buf, yields,
-            )  # fmt: skip
-        except compiled.NotCompiled:
-            compiled.missed()
-            return -1
+        message: pending is done); raises ``NotCompiled``, before anything is sent, where
+        the code is not loaded (``Link.sendrecv``'s twin then sends and reads in Python)."""
+        result = compiled.exchange(
+            self.fd, self.words, compiled.signed(pending.tag), self.send_seq,
+            compiled.signed(pending.fingerprint), payload, self.message, self.head, self.got,
+            self.recv_seq, pending.buf, yields,
+        )  # fmt: skip
         self.send_seq += 1
         status = result & 7
         if status == compiled.DONE:  # the common case

@@ -18,9 +18,10 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ferrodist.core import CollectiveTimeout, FerrodistError, PeerLost, ProtocolError
+from ferrodist.core.kernels import Twin
 from ferrodist.transport._aborts import channel_of, decode_notice, departure, fresh
 from ferrodist.transport._checks import Buffer, check_match
 from ferrodist.transport._frames import ABORT, DATA, GOODBYE
@@ -60,8 +61,20 @@ class Link:
         self.links = links
         self.sock = sock
         self.framing = Framing(
-            sock, context.rank, peer, context.max_frame, self._begin_data, self._complete, self._room
+            sock,
+            context.rank,
+            peer,
+            context.max_frame,
+            self._begin_data,
+            self._complete,
+            self._room,
+            context.frames.missed,
         )
+        # A small sendrecv with this peer both ways: one compiled call, or its twin in Python
+        # (send, then read straight into the buffer).
+        self._exchange: Callable[[Buffer, Pending, float], bool] = self._send_then_take
+        if compiled.AVAILABLE:
+            self._exchange = Twin(self.exchange, self._send_then_take, queue=context.frames.missed).call
         self.mailbox = Mailbox(context.rank, peer, context.mailboxes)
         self.claim_lock = threading.Lock()
         self.claims = 0  # callers reading this link themselves; the thread reads when none
@@ -323,7 +336,7 @@ class Link:
             if not direct:
                 self.post(pending)
                 to.send_message(payload, tag, fingerprint, max(0.0, deadline - time.monotonic()))
-            elif to is not self or not self.exchange(payload, pending, limit):
+            elif to is not self or not self._exchange(payload, pending, limit):
                 to.send_message(payload, tag, fingerprint, max(0.0, deadline - time.monotonic()))
                 self.take(pending, deadline)
             if not pending.done or pending.error is not None:
@@ -357,9 +370,10 @@ class Link:
         """A small ``sendrecv`` with this peer both ways, on the claimed link: the frame out
         and, where nothing can be in the way (as in ``take``), pending's message read into
         its buffer, in one compiled call (``Framing.exchange``); what that leaves undone goes
-        on as ``send_message`` and ``take`` would. False: nothing was sent (the code is not
-        ready yet, or the link is not clear), the caller sends and takes as usual. Raises
-        what ``send_message`` raises."""
+        on as ``send_message`` and ``take`` would. False: nothing was sent (the link is not
+        clear), the caller sends and takes as usual. Raises ``NotCompiled`` before anything
+        is sent where the code is not loaded (its twin is ``_send_then_take``), and what
+        ``send_message`` raises."""
         self._check_open(pending.tag)
         framing, deadline = self.framing, time.monotonic() + limit
         try:
@@ -370,8 +384,6 @@ class Link:
                     if not self._clear(pending.tag):
                         return False
                     result = framing.exchange(payload, pending, self.context.yields)
-                    if result < 0:
-                        return False
                     status = result & 7
                     if status == compiled.DONE:  # the common case
                         return True
@@ -391,6 +403,14 @@ class Link:
             return True
         except OSError as exc:
             raise self._send_failed(exc, pending.tag, payload.nbytes, limit) from None
+
+    def _send_then_take(self, payload: Buffer, pending: Pending, limit: float) -> bool:
+        """``exchange``'s steps in Python: the message out, then pending's read straight into
+        its buffer where nothing is in the way (``take``)."""
+        deadline = time.monotonic() + limit
+        self.send_message(payload, pending.tag, pending.fingerprint, limit)
+        self.take(pending, deadline)
+        return True
 
     def _clear(self, tag: int) -> bool:
         """Nothing can come before the message of ``tag`` on this link: no frame begun, no
