@@ -1,7 +1,7 @@
 """Collectives on CUDA tensors: which device engine runs them, chosen once per group.
 
 collectives cannot import ``ferrodist.gpu`` or ``ferrodist.nccl`` (both are built on top
-of it or beside it), so each advertises an :class:`~ferrodist.transport.EngineProvider`
+of it or beside it), so each advertises an :class:`~ferrodist.core.EngineProvider`
 under the entry points ``ferrodist.device_engines``: ``staged`` (ferrodist-gpu: through
 pinned host memory and the group's CPU route) and ``nccl`` (ferrodist-nccl: device to
 device).

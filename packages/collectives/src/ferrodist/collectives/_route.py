@@ -324,7 +324,7 @@ def _device_body(
 
 class BoundHost:
     """The group's CPU route bound to one running call: the ``HostRoute`` a device engine
-    is handed (``ferrodist.transport.HostRoute``). Every method takes flat host arrays of
+    is handed (``ferrodist.core.HostRoute``). Every method takes flat host arrays of
     one *part* (a segment of the device tensor): the part runs inside the call with the
     call's fingerprint carrying the part's element count, so ranks that cut a tensor into
     different segments raise ``CollectiveMismatch`` instead of combining unrelated bytes."""

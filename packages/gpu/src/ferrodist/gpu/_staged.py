@@ -474,7 +474,7 @@ def provider() -> StagedProvider:
     return StagedProvider()
 
 
-if TYPE_CHECKING:  # the engine and its provider satisfy transport's protocols (checked by mypy)
+if TYPE_CHECKING:  # the engine and its provider satisfy core's device-engine protocols (checked by mypy)
     _engine_check: type[DeviceEngine] = StagedEngine
     _messages_check: type[DeviceMessages] = StagedEngine
     _provider_check: type[EngineProvider] = StagedProvider

@@ -422,7 +422,7 @@ def provider() -> NcclProvider:
     return NcclProvider()
 
 
-if TYPE_CHECKING:  # the engine and its provider satisfy transport's protocols (checked by mypy)
+if TYPE_CHECKING:  # the engine and its provider satisfy core's device-engine protocols (checked by mypy)
     _engine_check: type[DeviceEngine] = NcclEngine
     _provider_check: type[EngineProvider] = NcclProvider
     _communicator_check: type[Communicator] = NcclCommunicator
