@@ -60,7 +60,7 @@ class Levels:
         self.inner = inner
         self.native = inner.native_collectives(range(len(self.members)), channel) if inner is not None else None
         self.show = debugging_routes()
-        self._plans: dict[tuple[Any, ...], StepPlan] = {}
+        self._plans: dict[tuple[Any, ...], Bound] = {}
 
     def __str__(self) -> str:
         where = f" ({self.hosts[self.node]})" if self.hosts else ""
@@ -71,62 +71,42 @@ class Levels:
     ) -> StepPlan:
         """This rank's steps for a kind of call (``steps.plan_steps``), made once and kept;
         ``FERRODIST_DEBUG=route`` prints each when it is made."""
+        return self._bound(operation, dt, count, op, root).plan
+
+    def _bound(self, operation: str, dt: DType | None, count: int, op: ReduceOp | None, root: int | None) -> Bound:
         key = (operation, dt, count, op, root)
-        plan = self._plans.get(key)
-        if plan is None:
+        bound = self._plans.get(key)
+        if bound is None:
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.clear()
             plan = plan_steps(self.nodes, self.me, self.native is not None, operation, dt, count, op, root)
-            self._plans[key] = plan
+            bound = self._plans[key] = Bound(self, plan, count)
             if self.show:
                 print(f"[ferrodist] {plan}", flush=True)
-        return plan
+        return bound
 
     def body(self, operation: str, dt: DType | None, op: ReduceOp | None, root: int | None) -> Body:
-        """The body of one kind of call (as ``_route`` gives them: ``body(call, *arrays)``)."""
-        plan, run = self.plan, self.run
+        """The body of one kind of call (as ``_route`` gives them: ``body(call, *arrays)``): its
+        plan for the call's count, bound once (``Bound``), run."""
+        bounds: dict[int, Bound] = {}
+
+        def bound(count: int) -> Bound:
+            found = bounds.get(count)
+            if found is None:
+                if len(bounds) >= _MAX_PLANS:
+                    bounds.clear()
+                found = bounds[count] = self._bound(operation, dt, count, op, root)
+            return found
+
         if operation == "barrier":
-            return lambda call: run(call, plan(operation, dt, 0), None)
+            return lambda call: bound(0).run(call, None, None)
         if operation in ("all_reduce", "broadcast", "reduce"):
-            return lambda call, x: run(call, plan(operation, dt, x.shape[0], op, root), x)
-        if operation == "all_gather":
-            return lambda call, x, blocks: run(call, plan(operation, dt, x.shape[0]), x, blocks)
-        if operation == "reduce_scatter":
-            return lambda call, out, blocks: run(call, plan(operation, dt, out.shape[0], op), out, blocks)
+            return lambda call, x: bound(x.shape[0]).run(call, x, None)
+        if operation in ("all_gather", "reduce_scatter"):
+            return lambda call, x, blocks: bound(x.shape[0]).run(call, x, blocks)
         raise AssertionError(f"the two levels do not run {operation}")
 
-    # -- the executor ------------------------------------------------------------------------------
-    def run(self, call: Call, plan: StepPlan, x: Array | None, blocks: Blocks | None = None) -> None:
-        """Run ``plan``'s steps in order on the call's tensor ``x`` (and ``blocks``)."""
-        dt = plan.dtype
-        buffers: dict[str, Array] = {}
-        if x is not None:
-            buffers.update((f"scratch {slot}", call.scratch.get(slot, n, x.dtype)) for slot, n in plan.scratch)
-            buffers["x"] = x
-        if blocks is not None:
-            buffers.update((f"block {r}", block) for r, block in enumerate(blocks))
-
-        def array(span: Span | None) -> Any:
-            if span is None:
-                return None
-            whole = buffers[span.buffer]
-            if span.start == 0 and span.count == whole.shape[0]:
-                return whole
-            return whole[span.start : span.start + span.count]
-
-        for step in plan.steps:
-            data, out = array(step.data), array(step.out)
-            if step.level == "here":
-                out[...] = data
-                continue
-            try:
-                if step.level == "node":
-                    self._inside(call, step, dt, data, out)
-                else:
-                    self._across(call, step, dt, data, out, [array(part) for part in step.parts])
-            except FerrodistError as exc:
-                raise self.failed(exc, call.seq, inside=step.level == "node") from None
-
+    # -- the steps ---------------------------------------------------------------------------------
     def _inside(self, call: Call, step: Step, dt: Any, x: Any, out: Any) -> None:
         """A step among the node's ranks: through the arena, or our algorithm over the node's transport."""
         fp = step.fingerprint
@@ -165,16 +145,9 @@ class Levels:
             tree.barrier(sub)
 
     def _across(self, call: Call, step: Step, dt: Any, x: Any, out: Any, parts: list[Any]) -> None:
-        """A step among one rank per node over the world's transport."""
+        """A step among one rank per node over the world's transport (a swap is bound in ``Bound``)."""
         tag = call.tag ^ (step.number << _STEP_SHIFT)
         algorithm = step.algorithm
-        if algorithm == "swap":
-            peer = step.ranks[1 - step.index]
-            incoming = call.scratch.get(0, x.shape[0], x.dtype)
-            self.world.sendrecv(x, peer, incoming, peer, tag, timeout=call.remaining(), fingerprint=step.fingerprint)
-            # the lower index's data first (as recursive doubling does), so both get the same bits
-            reducer(dt, step.reduce_op)(x, (incoming, x) if step.index else (x, incoming), step.divisor)
-            return
         c = Call(self.world, step.ranks, step.index, tag, call.deadline, call.scratch, step.fingerprint, call.seq)
         if step.operation == "all_reduce":
             run = ring.all_reduce if algorithm == "ring" else doubling.all_reduce
@@ -249,6 +222,105 @@ class Levels:
             self.native = None
         if inner is not None:
             inner.close()
+
+
+#: What a step reads or writes on one call: ``(x, blocks, scratch) -> array``.
+Where = Callable[[Any, Any, Any], Any]
+#: One step bound to its plan: ``(call, x, blocks, scratch) -> None``.
+StepCall = Callable[[Call, Any, Any, Any], None]
+
+
+class Bound:
+    """A plan made into calls once: each step with its spans, reducer, tag and fingerprint
+    worked out, so that running a known kind of call only calls (``run``).
+
+    ``count``: the elements of the call's tensor (of each block, for all_gather and
+    reduce_scatter), which the plan was made for."""
+
+    def __init__(self, levels: Levels, plan: StepPlan, count: int) -> None:
+        self.levels = levels
+        self.plan = plan
+        self.count = count
+        self.sizes = dict(plan.scratch)
+        self.calls = tuple((self._step(step), step.level == "node") for step in plan.steps)
+
+    def run(self, call: Call, x: Array | None, blocks: Blocks | None) -> None:
+        """Run the plan's steps in order on the call's tensor ``x`` (and ``blocks``)."""
+        scratch = None
+        if self.sizes and x is not None:
+            scratch = {slot: call.scratch.get(slot, n, x.dtype) for slot, n in self.sizes.items()}
+        for step, inside in self.calls:
+            try:
+                step(call, x, blocks, scratch)
+            except FerrodistError as exc:
+                raise self.levels.failed(exc, call.seq, inside=inside) from None
+
+    def _where(self, span: Span | None) -> Where:
+        if span is None:
+            return lambda x, blocks, scratch: None
+        name, start, end = span.buffer, span.start, span.start + span.count
+        if name == "x":
+            whole = self.count
+            if start == 0 and end == whole:
+                return lambda x, blocks, scratch: x
+            return lambda x, blocks, scratch: x[start:end]
+        kind, number = name.split()
+        k = int(number)
+        if kind == "block":
+            if start == 0 and end == self.count:
+                return lambda x, blocks, scratch: blocks[k]
+            return lambda x, blocks, scratch: blocks[k][start:end]
+        assert kind == "scratch", span
+        if start == 0 and end == self.sizes[k]:
+            return lambda x, blocks, scratch: scratch[k]
+        return lambda x, blocks, scratch: scratch[k][start:end]
+
+    def _step(self, step: Step) -> StepCall:
+        levels, dt = self.levels, self.plan.dtype
+        data, out = self._where(step.data), self._where(step.out)
+        if step.level == "here":
+
+            def copy(call: Call, x: Any, blocks: Any, scratch: Any) -> None:
+                out(x, blocks, scratch)[...] = data(x, blocks, scratch)
+
+            return copy
+        if step.level == "node":
+            if levels.native is not None and step.operation == "all_reduce" and dt is not None:
+                op, fp = step.reduce_op, step.fingerprint
+
+                def node_all_reduce(call: Call, x: Any, blocks: Any, scratch: Any) -> None:
+                    native = levels.native
+                    assert native is not None, "the two levels were closed"
+                    native.all_reduce(data(x, blocks, scratch), dt, op, call.deadline, fp, call.seq)
+
+                return node_all_reduce
+            return lambda call, x, blocks, scratch: levels._inside(
+                call, step, dt, data(x, blocks, scratch), out(x, blocks, scratch)
+            )
+        if step.algorithm == "swap":
+            peer, tag_bits, fp = step.ranks[1 - step.index], step.number << _STEP_SHIFT, step.fingerprint
+            reduce, divisor, first = reducer(dt, step.reduce_op), step.divisor, step.index == 0
+            world = levels.world
+
+            def swap(call: Call, x: Any, blocks: Any, scratch: Any) -> None:
+                mine = data(x, blocks, scratch)
+                incoming = call.scratch.get(0, mine.shape[0], mine.dtype)
+                world.sendrecv(
+                    mine, peer, incoming, peer, call.tag ^ tag_bits, timeout=call.remaining(), fingerprint=fp
+                )
+                # the lower index's data first (as recursive doubling does), so both get the same bits
+                reduce(mine, (mine, incoming) if first else (incoming, mine), divisor)
+
+            return swap
+        parts = tuple(self._where(part) for part in step.parts)
+        return lambda call, x, blocks, scratch: levels._across(
+            call,
+            step,
+            dt,
+            data(x, blocks, scratch),
+            out(x, blocks, scratch),
+            [part(x, blocks, scratch) for part in parts],
+        )
 
 
 #: Where a node peer's message passes on the failure that made it leave (``_aborts.departure``).
