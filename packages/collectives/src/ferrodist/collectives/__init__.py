@@ -46,6 +46,7 @@ from ._api.default_group import (
     is_initialized,
     new_group,
 )
+from ._api.shared import shared_zeros
 from ._api.torch_names import (
     all_gather_single,
     get_global_rank,
@@ -120,4 +121,5 @@ __all__ = [
     "scatter_object_list",
     "send",
     "send_object_list",
+    "shared_zeros",
 ]

@@ -20,14 +20,19 @@ from ferrodist.core.kernels import Twin, pairwise_opcode, plan
 from . import loops, stepwise
 from .arena import Arena
 from .fronts import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, SMALL, SMALL_START, small_first
+from .shared import Exchange, Shared
 
-__all__ = ["SMALL_ALL_REDUCE", "ShmCollectives"]
+__all__ = ["IN_PLACE_BYTES", "SMALL_ALL_REDUCE", "ShmCollectives"]
 
 Array = np.ndarray[Any, Any]
 
 #: all_reduce moves at most this many bytes (size x ranks) the one-sync way, in which every
 #: rank reduces everything; above it the pipeline (each rank reduces 1/p) is faster here.
 SMALL_ALL_REDUCE = 32 << 10
+#: all_reduce of an array in the group's shared buffers (``allocate``) from this many bytes
+#: on reads the peers' arrays in place; a smaller one goes through the slots, whose one
+#: compiled call is faster than the in-place steps' three waits.
+IN_PLACE_BYTES = 256 << 10
 
 
 class ShmCollectives:
@@ -46,6 +51,7 @@ class ShmCollectives:
         self._plans: dict[tuple[str, int, int], tuple[list[list[Array]], Any, float]] = {}
         self._folds: dict[tuple[DType, ReduceOp], Any] = {}
         self._state = loops.new_state()
+        self.shared = Shared(arena.rank, arena.world)
         # (dtype, op) -> what ``_small_kind`` says for the one-slot all_reduce
         self._small_kinds: dict[tuple[DType, ReduceOp], tuple[Any, ...]] = {}
         self._state[loops.ME], self._state[loops.RANKS] = arena.rank, arena.world
@@ -77,7 +83,13 @@ class ShmCollectives:
         return True
 
     def free(self) -> None:
-        """Nothing to free: the arena belongs to the transport."""
+        """Unmap the group's shared buffers (the arena belongs to the transport)."""
+        self.shared.close()
+
+    def allocate(self, nbytes: int, exchange: Exchange) -> Array:
+        """``nbytes`` zero bytes (uint8) in memory every rank of the group maps, which the
+        collectives read in place (``Shared.allocate``; a collective)."""
+        return self.shared.allocate(nbytes, exchange)
 
     # -- plumbing --------------------------------------------------------------------------------
     def _sync(self, deadline: float, fingerprint: int, seq: int) -> None:
@@ -118,6 +130,13 @@ class ShmCollectives:
         slots, then gather (bandwidth-optimal)."""
         if 0 < x.nbytes <= self._small_bytes:
             self._small(x, dt, op, deadline, fingerprint, seq)
+        elif x.nbytes >= IN_PLACE_BYTES and (where := self.shared.find(x)) is not None:
+            buffer, offset = where
+            peers = self.shared.peers(x, buffer, offset)
+            # a rank whose array is not in the buffers takes the slots: the calls differ
+            fingerprint ^= (buffer.number + 1) << 48 ^ offset
+            fold, divisor = self._fold(dt, op), op.divisor(self._a.world)
+            stepwise.all_reduce_in_place(self._a, self._health, x, peers, fold, divisor, deadline, fingerprint, seq)
         else:
             self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=None)
 

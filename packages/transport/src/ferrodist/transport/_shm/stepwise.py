@@ -28,6 +28,7 @@ from .arena import COPIED, GATHERED, REDUCED, Arena
 __all__ = [
     "all_gather",
     "all_reduce",
+    "all_reduce_in_place",
     "all_reduce_slot",
     "broadcast",
     "chunk",
@@ -165,6 +166,36 @@ def all_reduce(
                 if q != me:
                     part[c0:c1] = slots[q][c0:c1]
         a.advance(GATHERED, g + 1)
+
+
+def all_reduce_in_place(
+    a: Arena,
+    health: Health,
+    x: Array,
+    peers: list[Array],
+    fold: Fold,
+    divisor: float,
+    deadline: float,
+    fingerprint: int,
+    seq: int,
+) -> None:
+    """all_reduce of ``x``, which lies in shared memory where every peer's ``x`` is
+    ``peers[q]`` (``peers[me]`` is ``x``'s memory): no slot. Once every rank is in the
+    call (so every rank's ``x`` is written), each rank folds its block of every rank's
+    ``x`` in rank order into its own ``x``; once every block is reduced, each copies the
+    other blocks from their owners; and it returns only once no rank reads its ``x`` any
+    more, so the caller may write it again."""
+    p, me = a.world, a.rank
+    bounds = split(x.shape[0], p)
+    sync(a, health, deadline, fingerprint, seq)
+    b0, b1 = bounds[me]
+    mine = x[b0:b1]
+    fold(mine, [mine if q == me else peers[q][b0:b1] for q in range(p)], divisor)
+    sync(a, health, deadline, fingerprint, seq)
+    for q, (c0, c1) in enumerate(bounds):
+        if q != me:
+            x[c0:c1] = peers[q][c0:c1]
+    sync(a, health, deadline, fingerprint, seq)
 
 
 def broadcast(a: Arena, health: Health, x: Array, root: int, deadline: float, fingerprint: int, seq: int) -> None:
