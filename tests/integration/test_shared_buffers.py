@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 
 import ferrodist.collectives as dist
+from _helpers import free_port
 from ferrodist.core import InvalidArgument
 from ferrodist.testing import run_world
-
-from _helpers import free_port
 
 SCRIPT = Path(__file__).parent / "scripts" / "shared_buffers.py"
 
