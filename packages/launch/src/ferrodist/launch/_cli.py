@@ -111,7 +111,11 @@ def _parser() -> argparse.ArgumentParser:
         "Writes files only when asked: --json PATH, --plot PATH.",
     )
     bench.add_argument("-n", "--nprocs", type=int, default=2, help="ranks per job (default 2)")
-    bench.add_argument("--backends", default="shm,tcp", help="ferrodist backends (shm, tcp, mpi)")
+    bench.add_argument(
+        "--backends",
+        default="shm,tcp",
+        help="ferrodist backends (shm, tcp, mpi; shm-shared: shm with tensors from shared_zeros)",
+    )
     bench.add_argument("--ops", default=",".join(OPS), help=f"collectives to time (default {','.join(OPS)})")
     bench.add_argument("--min-bytes", type=int, default=4 << 10, help="smallest tensor in bytes (default 4096)")
     bench.add_argument("--max-bytes", type=int, default=256 << 20, help="largest tensor in bytes (default 256 MiB)")

@@ -28,7 +28,7 @@ from ferrodist.launch._run import run
 
 __all__ = ["FLOOR", "MATPLOTLIB", "BenchSpec", "busbw", "startup", "sweep"]
 
-FERRODIST = ("ferrodist:shm", "ferrodist:tcp", "ferrodist:mpi")
+FERRODIST = ("ferrodist:shm", "ferrodist:shm-shared", "ferrodist:tcp", "ferrodist:mpi")
 REFERENCES = ("gloo", "mpi4py")
 #: Not a library: every rank streams the bytes the collective must read and write (numpy).
 FLOOR = "floor"

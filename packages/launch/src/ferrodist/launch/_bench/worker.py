@@ -1,6 +1,7 @@
 """One rank of a benchmark job: ``python -m ferrodist.launch._bench.worker LIBRARY OUT SPEC``.
 
-LIBRARY is ``ferrodist:<backend>`` (shm, tcp, mpi), ``gloo`` (torch.distributed),
+LIBRARY is ``ferrodist:<backend>`` (shm, tcp, mpi; shm-shared: shm with every tensor made by
+``shared_zeros``, which the collectives read in place), ``gloo`` (torch.distributed),
 ``mpi4py``, or ``floor``: every rank at once streams, with numpy over private memory, the
 bytes the collective must read and write on each rank (a bound no library can beat). SPEC is JSON: ops, sizes (bytes), dtype, rounds, target seconds per round.
 Every rank runs the same sweep; rank 0 writes one JSON line per measurement to OUT and
@@ -54,23 +55,31 @@ class Ferrodist(_Library):
         import ferrodist.collectives as dist
 
         self._dist = dist
-        world = dist.init_process_group(backend, timeout=600)
+        self._shared = backend == "shm-shared"
+        world = dist.init_process_group("shm" if self._shared else backend, timeout=600)
         self.rank, self.size = world.rank, world.size
+
+    def _array(self, count: int, dtype: str) -> np.ndarray[Any, Any]:
+        if not self._shared:
+            return _array(count, dtype)
+        x = self._dist.shared_zeros(count, dtype)
+        x[...] = 1
+        return x
 
     def barrier(self) -> None:
         self._dist.barrier()
 
     def op(self, name: str, count: int, dtype: str) -> Callable[[], None]:
-        dist, n = self._dist, self.size
-        x = _array(count, dtype)
+        dist, n, make = self._dist, self.size, self._array
+        x = make(count, dtype)
         if name == "all_reduce":
             return lambda: dist.all_reduce(x)
         if name == "broadcast":
             return lambda: dist.broadcast(x, 0)
         if name == "all_gather":  # count = output elements
-            out, mine = _array(count, dtype), _array(count // n, dtype)
+            out, mine = make(count, dtype), make(count // n, dtype)
             return lambda: dist.all_gather(out, mine)
-        out = _array(count // n, dtype)  # reduce_scatter: count = input elements
+        out = make(count // n, dtype)  # reduce_scatter: count = input elements
         return lambda: dist.reduce_scatter(out, x)
 
     def close(self) -> None:
