@@ -118,6 +118,7 @@ PUBLIC_API: dict[str, set[str]] = {
     },
     "ferrodist.transport": {
         "DEFAULT_TIMEOUT",
+        "IN_PLACE",
         "Faults",
         "KeyValue",
         "LaunchInfo",
@@ -199,6 +200,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "scatter_object_list",
         "send",
         "send_object_list",
+        "shared_zeros",
     },
     "ferrodist.testing": {
         "Host",

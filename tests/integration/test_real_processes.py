@@ -106,7 +106,9 @@ def test_a_rank_that_skips_a_collective_is_named_by_every_rank_that_waited(tmp_p
     done, errors = run_fault("skip", tmp_path, backend)
     assert done.returncode == 1
     # The launcher blames the rank that never came, not the first rank that timed out.
-    assert "ferrodist run: rank 2 did not come to the call in time: ranks [0, 1] timed out waiting for it" in done.stdout
+    assert (
+        "ferrodist run: rank 2 did not come to the call in time: ranks [0, 1] timed out waiting for it" in done.stdout
+    )
     assert sorted(errors) == [0, 1]
     for error in errors.values():
         assert error["class"] == "CollectiveTimeout"
@@ -169,7 +171,9 @@ def test_receives_from_any_rank_in_real_processes(backend, ranks):
 
 def test_receives_from_any_rank_under_mpiexec():
     command = [mpiexec(), "--allow-run-as-root", "--oversubscribe", "-n", "3", sys.executable]
-    done = subprocess.run([*command, str(SCRIPTS / "any_source.py"), "mpi"], capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [*command, str(SCRIPTS / "any_source.py"), "mpi"], capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(3):
         assert f"rank {rank} of 3: any-source passed over mpi" in done.stdout

@@ -62,6 +62,20 @@ def test_ranks_out_of_step_never_read_an_array_too_early_or_too_late(tmp_path):
     assert [r["race_calls"] for r in got] == [6, 6]
 
 
+def test_a_rank_with_an_ordinary_array_makes_every_rank_fail_saying_so(tmp_path):
+    got = reports(tmp_path, 2, ferrodist_run("-n", "2", str(SCRIPT), "mismatch", str(tmp_path)))
+    for report in got:
+        assert report["error"] == "CollectiveMismatch", report
+        assert "shared memory, read in place" in str(report["message"]), report
+
+
+def test_ranks_passing_different_places_of_the_shared_memory_fail_saying_so(tmp_path):
+    got = reports(tmp_path, 2, ferrodist_run("-n", "2", str(SCRIPT), "places", str(tmp_path)))
+    for report in got:
+        assert report["error"] == "CollectiveMismatch", report
+        assert "another place of the group's shared memory" in str(report["message"]), report
+
+
 @pytest.mark.parametrize("memfd", ["1", "0"])
 def test_a_rank_killed_while_it_holds_shared_arrays_leaves_nothing(tmp_path, memfd):
     """Ranks started by hand (no launcher to clean up after them); with memfd segments and

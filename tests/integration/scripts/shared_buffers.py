@@ -11,6 +11,9 @@ MODE race: the same calls with the ranks out of step on purpose: rank 1 writes i
 50 ms late and reads its peers' arrays 20 ms late, and rank 0 overwrites its array the
 moment a call returns. A call that read a peer's array before the peer had written it, or
 let a rank return while a peer still read its array, gives rank 1 a wrong value.
+MODE mismatch: rank 0 passes a shared array, the others an ordinary one; MODE places:
+rank 0 passes the first half of a shared array, the others the second: every rank writes
+the error it got.
 MODE hold: after the checks, rank 1 writes its pid to OUTDIR/ready and waits to be killed.
 Each rank writes OUTDIR/rank<R>.json: what it checked.
 """
@@ -26,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 import ferrodist.collectives as dist
-from ferrodist.core import ReduceOp
+from ferrodist.core import FerrodistError, ReduceOp
 from ferrodist.transport._shm.collectives import IN_PLACE_BYTES
 
 PATTERN = 0xA5
@@ -69,6 +72,21 @@ def main() -> None:
     mode, outdir = sys.argv[1], Path(sys.argv[2])
     world = dist.init_process_group("shm")
     rank, size = world.rank, world.size
+    if mode in ("mismatch", "places"):
+        n = IN_PLACE_BYTES // 4 * 2
+        shared = dist.shared_zeros(2 * n, "float32")
+        if mode == "mismatch":
+            x = shared[:n] if rank == 0 else np.zeros(n, np.float32)
+        else:
+            x = shared[:n] if rank == 0 else shared[n:]
+        x[...] = 1
+        try:
+            dist.all_reduce(x, timeout=20)
+            said = {"rank": rank, "error": None}
+        except FerrodistError as exc:
+            said = {"rank": rank, "error": type(exc).__name__, "message": str(exc)}
+        (outdir / f"rank{rank}.json").write_text(json.dumps(said))
+        return
     if mode == "race":
         (outdir / f"rank{rank}.json").write_text(json.dumps(race(world, rank, size)))
         dist.destroy_process_group()
@@ -83,6 +101,7 @@ def main() -> None:
         dist.barrier()
         mine[...] = PATTERN
         dist.barrier()
+
     report: dict[str, object] = {"rank": rank, "calls": 0, "slots_untouched": 0}
     big = IN_PLACE_BYTES // 4 * 3 + 5  # float32 elements: over the threshold, not a multiple of the ranks
     buffers = {

@@ -8,7 +8,8 @@ bytes that mean different things.
     bits 59..63  operation (1..31; 0 = no fingerprint)
     bits 54..58  dtype index + 1 (0 = none)
     bits 50..53  reduce op value + 1 (0 = none)
-    bits 39..49  root + 1 (0 = none; 2047 = a root of 2046 or more)
+    bits 39..49  root + 1 (0 = none; 2047 = a root of 2046 or more); an all_reduce, which
+                 has no root, that the transport reads in place has them all set (``IN_PLACE``)
     bit  38      the call runs device to device (NCCL): ranks on another route never match
     bits  0..37  element count (modulo 2**38)
 """
@@ -16,6 +17,7 @@ bytes that mean different things.
 from __future__ import annotations
 
 from ferrodist.core import ALL_DTYPES, DType, ReduceOp
+from ferrodist.transport import IN_PLACE
 
 OPERATIONS = (
     "all_reduce",
@@ -81,7 +83,9 @@ def describe(value: int) -> str:
     if op_code:
         parts.append(f"op={ReduceOp(op_code - 1).name}" if op_code - 1 < len(ReduceOp) else "op=?")
     root = (value >> 39) & 0x7FF
-    if root:
+    if code == _OPERATION_CODE["all_reduce"] and (value & IN_PLACE) == IN_PLACE:
+        parts.append("its array in the group's shared memory, read in place")
+    elif root:
         parts.append(f"root={root - 1}" if root < _ROOT_LIMIT else "root>=2046")
     if value & DIRECT:
         parts.append("device to device through NCCL")

@@ -4,7 +4,7 @@ from ._aborts import Notice
 from ._faults import Faults
 from ._mpi import MpiCollectives, MpiTransport
 from ._protocol import DEFAULT_TIMEOUT, NativeCollectives, Request, Store, Transport
-from ._shm.collectives import ShmCollectives
+from ._shm.collectives import IN_PLACE, ShmCollectives
 from ._shm.transport import ShmTransport
 from ._simulated import SimulatedTransport
 from ._start.env import LaunchInfo, launch_info, this_host
@@ -16,6 +16,7 @@ from ._warmup import transport_kernels
 __all__ = [
     "DEFAULT_TIMEOUT",
     "Faults",
+    "IN_PLACE",
     "KeyValue",
     "LaunchInfo",
     "MpiCollectives",

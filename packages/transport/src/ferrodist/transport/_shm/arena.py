@@ -6,7 +6,9 @@ behind whenever a rank is killed), made by rank 0 and mapped by every rank. Layo
     control   world x 8 counters, each alone on a 64-byte line (no false sharing);
               next to each counter, the "sleeping" flag of its owner; the CALL and
               CALL_NUMBER lines hold, per slot, the identity of the call whose chunk is
-              in that slot (its fingerprint, and its number on the group plus one)
+              in that slot (its fingerprint, and its number on the group plus one); the
+              PLACE line, where an in-place call's array lies in the group's shared
+              buffers
     data      world x slots x chunk bytes: rank r's slot s at r*slots + s
 
 A slot holds, unless told otherwise, half a core's L2 cache (``default_chunk``), so that a
@@ -40,7 +42,7 @@ __all__ = ["DEFAULT_CHUNK", "DEFAULT_SLOTS", "Arena", "default_chunk"]
 
 LINE = 64
 COUNTERS = 8
-COPIED, REDUCED, GATHERED, BARRIER, CALL, CALL_NUMBER = range(6)
+COPIED, REDUCED, GATHERED, BARRIER, CALL, CALL_NUMBER, PLACE = range(7)
 _WORDS_PER_LINE = LINE // 8
 _NAP = 0.001  # the longest sleep between checks of the deadline and of peers' health
 _YIELD_BATCH = 16  # core give-aways between two checks of the deadline and of peers' health
@@ -167,6 +169,23 @@ class Arena:
         its fingerprint and its number ``seq`` on the group."""
         self._lines[self.rank, CALL_NUMBER, 2 + slot] = seq + 1
         self._lines[self.rank, CALL, 2 + slot] = fingerprint
+
+    def publish_place(self, slot: int, place: int) -> None:
+        """Say where the array of an in-place call lies (``Shared.place``), with its chunk."""
+        self._lines[self.rank, PLACE, 2 + slot] = place
+
+    def check_place(self, slot: int, place: int, where: str) -> None:
+        """After every rank's chunk in ``slot`` is there: raise if a rank's array lies at
+        another place of the shared buffers than this rank's (``where``, in words)."""
+        theirs = self._lines[:, PLACE, 2 + slot]
+        peer = next((q for q in range(self.world) if int(theirs[q]) != place), -1)
+        if peer >= 0:
+            raise CollectiveMismatch(
+                f"rank {self.rank}: rank {peer}'s array lies at another place of the group's shared memory than "
+                f"this rank's ({where}): pass the same part of the same shared_zeros array on every rank",
+                rank=self.rank,
+                peer=peer,
+            )
 
     def check_call(self, ranks: range | list[int], slot: int, fingerprint: int, seq: int) -> None:
         """After waiting for ``ranks``' chunk in ``slot``: raise if one of them is in another call

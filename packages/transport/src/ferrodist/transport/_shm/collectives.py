@@ -22,7 +22,7 @@ from .arena import Arena
 from .fronts import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, SMALL, SMALL_START, small_first
 from .shared import Exchange, Shared
 
-__all__ = ["IN_PLACE_BYTES", "SMALL_ALL_REDUCE", "ShmCollectives"]
+__all__ = ["IN_PLACE", "IN_PLACE_BYTES", "SMALL_ALL_REDUCE", "ShmCollectives"]
 
 Array = np.ndarray[Any, Any]
 
@@ -33,6 +33,9 @@ SMALL_ALL_REDUCE = 32 << 10
 #: on reads the peers' arrays in place; a smaller one goes through the slots, whose one
 #: compiled call is faster than the in-place steps' three waits.
 IN_PLACE_BYTES = 256 << 10
+#: What an in-place all_reduce adds to its call's fingerprint: the bits of a root, which an
+#: all_reduce has none of (``ferrodist.collectives``' fingerprints describe it in words).
+IN_PLACE = 0x7FF << 39
 
 
 class ShmCollectives:
@@ -133,10 +136,13 @@ class ShmCollectives:
         elif x.nbytes >= IN_PLACE_BYTES and (where := self.shared.find(x)) is not None:
             buffer, offset = where
             peers = self.shared.peers(x, buffer, offset)
-            # a rank whose array is not in the buffers takes the slots: the calls differ
-            fingerprint ^= (buffer.number + 1) << 48 ^ offset
+            place, words = self.shared.place(buffer, offset)
             fold, divisor = self._fold(dt, op), op.divisor(self._a.world)
-            stepwise.all_reduce_in_place(self._a, self._health, x, peers, fold, divisor, deadline, fingerprint, seq)
+            # marked: a rank whose array is an ordinary one takes the slots, and the calls differ
+            mark = fingerprint | IN_PLACE if fingerprint else 0
+            stepwise.all_reduce_in_place(
+                self._a, self._health, x, peers, place, words, fold, divisor, deadline, mark, seq
+            )
         else:
             self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=None)
 

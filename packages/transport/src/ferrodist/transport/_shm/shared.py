@@ -131,6 +131,12 @@ class Shared:
                 return buffer, start - low
         return None
 
+    @staticmethod
+    def place(buffer: Buffer, offset: int) -> tuple[int, str]:
+        """Where an array lies, as one number (the same on every rank for the same place)
+        and in words."""
+        return (buffer.number + 1) << 40 | offset, f"shared array #{buffer.number}, byte {offset}"
+
     def peers(self, x: Array, buffer: Buffer, offset: int) -> list[Array]:
         """Every rank's ``x``: the same place in each rank's buffer, seen as ``x`` (rank
         order; this rank's is ``x``'s own memory)."""

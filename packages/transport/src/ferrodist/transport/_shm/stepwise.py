@@ -173,6 +173,8 @@ def all_reduce_in_place(
     health: Health,
     x: Array,
     peers: list[Array],
+    place: int,
+    where: str,
     fold: Fold,
     divisor: float,
     deadline: float,
@@ -180,14 +182,20 @@ def all_reduce_in_place(
     seq: int,
 ) -> None:
     """all_reduce of ``x``, which lies in shared memory where every peer's ``x`` is
-    ``peers[q]`` (``peers[me]`` is ``x``'s memory): no slot. Once every rank is in the
-    call (so every rank's ``x`` is written), each rank folds its block of every rank's
+    ``peers[q]`` (``peers[me]`` is ``x``'s memory; ``place`` says where, ``where`` in
+    words, and every rank checks that all are at the same place): no slot. Once every
+    rank is in the call (so every rank's ``x`` is written), each rank folds its block of every rank's
     ``x`` in rank order into its own ``x``; once every block is reduced, each copies the
     other blocks from their owners; and it returns only once no rank reads its ``x`` any
     more, so the caller may write it again."""
     p, me = a.world, a.rank
     bounds = split(x.shape[0], p)
-    sync(a, health, deadline, fingerprint, seq)
+    g, s = chunk(a, health, deadline, fingerprint, seq)
+    a.publish_place(s, place)
+    a.advance(COPIED, g + 1)
+    everyone(a, health, g, s, deadline, fingerprint, seq)
+    a.check_place(s, place, where)
+    a.advance(GATHERED, g + 1)
     b0, b1 = bounds[me]
     mine = x[b0:b1]
     fold(mine, [mine if q == me else peers[q][b0:b1] for q in range(p)], divisor)
