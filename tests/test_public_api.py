@@ -201,6 +201,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "send",
         "send_object_list",
         "shared_zeros",
+        "shares_memory",
     },
     "ferrodist.testing": {
         "Host",

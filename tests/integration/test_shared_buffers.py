@@ -62,6 +62,14 @@ def test_ranks_out_of_step_never_read_an_array_too_early_or_too_late(tmp_path):
     assert [r["race_calls"] for r in got] == [6, 6]
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ddp_buckets_live_in_shared_memory_and_train_like_one_process(tmp_path, ranks):
+    got = reports(tmp_path, ranks, ferrodist_run("-n", str(ranks), str(SCRIPT), "ddp", str(tmp_path)))
+    for report in got:
+        assert report["buckets"] == report["shared"] == report["in_place"] == 1, report
+        assert float(report["difference"]) < 1e-12, report  # type: ignore[arg-type]
+
+
 def test_a_rank_with_an_ordinary_array_makes_every_rank_fail_saying_so(tmp_path):
     got = reports(tmp_path, 2, ferrodist_run("-n", "2", str(SCRIPT), "mismatch", str(tmp_path)))
     for report in got:

@@ -14,6 +14,9 @@ let a rank return while a peer still read its array, gives rank 1 a wrong value.
 MODE mismatch: rank 0 passes a shared array, the others an ordinary one; MODE places:
 rank 0 passes the first half of a shared array, the others the second: every rank writes
 the error it got.
+MODE ddp: ferrodist.ddp.DDP over a ferrodist.nn model with a bucket over the in-place
+threshold: which buckets live in shared memory, and how far three steps are from one
+process on the whole batch.
 MODE hold: after the checks, rank 1 writes its pid to OUTDIR/ready and waits to be killed.
 Each rank writes OUTDIR/rank<R>.json: what it checked.
 """
@@ -68,10 +71,48 @@ def race(world: dist.ProcessGroup, rank: int, size: int) -> dict[str, object]:
     return {"rank": rank, "race_calls": 6}
 
 
+def ddp(world: dist.ProcessGroup, rank: int, size: int) -> dict[str, object]:
+    from ferrodist import nn
+    from ferrodist.ddp import DistributedDataParallel
+
+    def model(seed: int) -> nn.Sequential:
+        return nn.Sequential(
+            nn.Linear(256, 300, rng=seed, dtype=np.float64),
+            nn.Tanh(),
+            nn.Linear(300, 3, rng=seed + 1, dtype=np.float64),
+        )
+
+    rng = np.random.default_rng(5)
+    batches = [(rng.standard_normal((8 * size, 256)), rng.integers(0, 3, size=8 * size)) for _ in range(3)]
+    trained = DistributedDataParallel(model(10 * rank), world)
+    shared = world._route.native.shared
+    flats = trained._reducer.flats
+    mine = slice(8 * rank, 8 * (rank + 1))
+    reference = model(0)
+    for net, part in ((trained, mine), (reference, slice(None))):
+        opt, loss = nn.SGD(net.parameters(), lr=0.1), nn.CrossEntropyLoss()
+        for x, y in batches:
+            opt.zero_grad()
+            loss(net(x[part]), y[part])
+            net.backward(loss.backward())
+            opt.step()
+    got, want = trained.state_dict(), reference.state_dict()
+    return {
+        "buckets": len(flats),
+        "shared": sum(shared.find(f) is not None for f in flats),
+        "in_place": sum(f.nbytes >= IN_PLACE_BYTES and shared.find(f) is not None for f in flats),
+        "difference": max(float(np.max(np.abs(got[k] - want[k]))) for k in want),
+    }
+
+
 def main() -> None:
     mode, outdir = sys.argv[1], Path(sys.argv[2])
     world = dist.init_process_group("shm")
     rank, size = world.rank, world.size
+    if mode == "ddp":
+        (outdir / f"rank{rank}.json").write_text(json.dumps(ddp(world, rank, size)))
+        dist.destroy_process_group()
+        return
     if mode in ("mismatch", "places"):
         n = IN_PLACE_BYTES // 4 * 2
         shared = dist.shared_zeros(2 * n, "float32")

@@ -46,7 +46,7 @@ from ._api.default_group import (
     is_initialized,
     new_group,
 )
-from ._api.shared import shared_zeros
+from ._api.shared import shared_zeros, shares_memory
 from ._api.torch_names import (
     all_gather_single,
     get_global_rank,
@@ -122,4 +122,5 @@ __all__ = [
     "send",
     "send_object_list",
     "shared_zeros",
+    "shares_memory",
 ]

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ferrodist.collectives import shared_zeros
 from ferrodist.core import InvalidArgument, is_torch_module
 from ferrodist.core import dtype as _dtype
 
@@ -54,6 +55,12 @@ class Model(abc.ABC):
     @abc.abstractmethod
     def flat(self, dtype: str, device: str, numel: int) -> Any:
         """A zeroed flat buffer of ``numel`` elements of ``dtype`` on ``device``."""
+
+    def shared_flat(self, dtype: str, numel: int, group: Any) -> Any:
+        """A zeroed flat host buffer in the memory ``group``'s ranks share (``shared_zeros``),
+        which its all_reduce reads in place; an ordinary one where they share none. A
+        collective: every rank makes its buckets' buffers in the same order."""
+        return shared_zeros(numel, dtype, group)
 
     @abc.abstractmethod
     def view(self, flat: Any, offset: int, numel: int, shape: tuple[int, ...]) -> Any:
@@ -255,6 +262,11 @@ class TorchModel(Model):
 
     def flat(self, dtype: str, device: str, numel: int) -> Any:
         return self.torch.zeros(numel, dtype=getattr(self.torch, dtype), device=device)
+
+    def shared_flat(self, dtype: str, numel: int, group: Any) -> Any:
+        kind = getattr(self.torch, dtype)
+        raw = shared_zeros(numel * kind.itemsize, "uint8", group)  # torch has no numpy bfloat16
+        return self.torch.from_numpy(raw).view(kind)
 
     def view(self, flat: Any, offset: int, numel: int, shape: tuple[int, ...]) -> Any:
         return flat[offset : offset + numel].view(shape)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.collectives import tracing
+from ferrodist.collectives import ProcessGroup, shares_memory, tracing
 from ferrodist.core import Group, InvalidArgument, ReduceOp, Work, dtype
 
 from ._buckets import BucketPlan
@@ -42,7 +42,16 @@ class Reducer:
         self.overlap = overlap is not False
         self.find_unused = find_unused
         n = len(model.params)
-        self.flats = [model.flat(b.dtype, b.device, b.numel) for b in plan.buckets]
+        # Host buckets of a ProcessGroup live in the memory its ranks share where they have
+        # it: the bucket's all_reduce then reads every rank's bucket in place. A shared
+        # bucket is never swapped for a gradient of its own (every rank must pass it).
+        self.shared = isinstance(group, ProcessGroup) and shares_memory(group)
+        self.flats = [
+            model.shared_flat(b.dtype, b.numel, group)
+            if self.shared and b.device == "cpu"
+            else model.flat(b.dtype, b.device, b.numel)
+            for b in plan.buckets
+        ]
         self.views: list[Any] = [None] * n  # each gradient's place: its bucket view, or its own adopted array
         self.homes: list[Any] = [None] * n  # each gradient's view into its bucket's flat buffer
         self.bucket_of = [0] * n
@@ -127,7 +136,8 @@ class Reducer:
             # is (no copy: PyTorch's large weights); else one copy into the bucket, and the
             # bucket's view from now on.
             b = self.bucket_of[i]
-            flat = model.adoptable(grad, self.homes[i]) if len(self.plan.buckets[b].params) == 1 else None
+            alone = len(self.plan.buckets[b].params) == 1 and not self.shared
+            flat = model.adoptable(grad, self.homes[i]) if alone else None
             if flat is not None:
                 self.views[i] = grad
                 self.buckets[b].buffer, self.buckets[b].views = flat, (grad,)

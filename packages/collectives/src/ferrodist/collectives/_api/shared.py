@@ -13,7 +13,7 @@ from ferrodist.core import DType, InvalidArgument, dtype
 
 from .default_group import resolve
 
-__all__ = ["shared_zeros"]
+__all__ = ["shared_zeros", "shares_memory"]
 
 #: Bytes of one rank's word in the exchange of segment addresses (longer text is cut).
 _ROW = 256
@@ -45,11 +45,17 @@ def shared_zeros(shape: int | Sequence[int], dtype_: Any = "float32", group: Pro
         )
     dt = dtype_ if isinstance(dtype_, DType) else dtype(dtype_ if isinstance(dtype_, str) else np.dtype(dtype_).name)
     count = int(np.prod(dims, dtype=np.int64))
-    allocate = getattr(g._route.native, "allocate", None)  # the transports that share memory offer it
-    if allocate is None or not g.is_member:
+    if not shares_memory(g):
         return np.zeros(dims, dt.numpy)
-    raw = allocate(count * dt.numpy.itemsize, lambda text: _exchange(g, text))
+    raw = g._route.native.allocate(count * dt.numpy.itemsize, lambda text: _exchange(g, text))  # type: ignore[union-attr]
     return raw.view(dt.numpy).reshape(dims)
+
+
+def shares_memory(group: ProcessGroup | None = None) -> bool:
+    """Whether ``shared_zeros`` on ``group`` gives arrays in memory its ranks share (the
+    world group of a job on one host over shm), rather than ordinary ones."""
+    g = resolve(group)
+    return g.is_member and hasattr(g._route.native, "allocate")  # the transports that share memory offer it
 
 
 def _exchange(group: ProcessGroup, text: str) -> list[str]:
