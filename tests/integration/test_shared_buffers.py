@@ -66,7 +66,7 @@ def test_ranks_out_of_step_never_read_an_array_too_early_or_too_late(tmp_path):
 def test_ddp_buckets_live_in_shared_memory_and_train_like_one_process(tmp_path, ranks):
     got = reports(tmp_path, ranks, ferrodist_run("-n", str(ranks), str(SCRIPT), "ddp", str(tmp_path)))
     for report in got:
-        assert report["buckets"] == report["shared"] == report["in_place"] == 1, report
+        assert report["buckets"] == report["shared"] and report["in_place"] >= 1, report
         assert float(report["difference"]) < 1e-12, report  # type: ignore[arg-type]
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 import ferrodist.collectives as dist
 from ferrodist.core import FerrodistError, ReduceOp
-from ferrodist.transport._shm.collectives import IN_PLACE_BYTES
+from ferrodist.transport._shm.collectives import IN_PLACE_BYTES, IN_PLACE_UP_TO
 
 PATTERN = 0xA5
 
@@ -77,13 +77,13 @@ def ddp(world: dist.ProcessGroup, rank: int, size: int) -> dict[str, object]:
 
     def model(seed: int) -> nn.Sequential:
         return nn.Sequential(
-            nn.Linear(256, 300, rng=seed, dtype=np.float64),
+            nn.Linear(512, 300, rng=seed, dtype=np.float64),
             nn.Tanh(),
             nn.Linear(300, 3, rng=seed + 1, dtype=np.float64),
         )
 
     rng = np.random.default_rng(5)
-    batches = [(rng.standard_normal((8 * size, 256)), rng.integers(0, 3, size=8 * size)) for _ in range(3)]
+    batches = [(rng.standard_normal((8 * size, 512)), rng.integers(0, 3, size=8 * size)) for _ in range(3)]
     trained = DistributedDataParallel(model(10 * rank), world)
     shared = world._route.native.shared
     flats = trained._reducer.flats
@@ -100,7 +100,7 @@ def ddp(world: dist.ProcessGroup, rank: int, size: int) -> dict[str, object]:
     return {
         "buckets": len(flats),
         "shared": sum(shared.find(f) is not None for f in flats),
-        "in_place": sum(f.nbytes >= IN_PLACE_BYTES and shared.find(f) is not None for f in flats),
+        "in_place": sum(IN_PLACE_BYTES <= f.nbytes <= IN_PLACE_UP_TO and shared.find(f) is not None for f in flats),
         "difference": max(float(np.max(np.abs(got[k] - want[k]))) for k in want),
     }
 

@@ -26,8 +26,8 @@ def shared_zeros(shape: int | Sequence[int], dtype_: Any = "float32", group: Pro
 
     A collective: every rank of the group calls it with the same shape and dtype, in the
     same order. An all_reduce of an array made here, or of a contiguous slice of one (at
-    the same place on every rank), reads every rank's array in place: from 256 KiB on, no
-    byte goes through the transport's slots. The memory is the group's: it goes when the
+    the same place on every rank), of 1 MiB to 16 MiB reads every rank's array in place:
+    no byte goes through the transport's slots. The memory is the group's: it goes when the
     group is destroyed and the last array on it is gone, and a killed rank leaves nothing
     in /dev/shm. ``torch.from_numpy`` gives a tensor on it.
 

@@ -22,17 +22,21 @@ from .arena import Arena
 from .fronts import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, SMALL, SMALL_START, small_first
 from .shared import Exchange, Shared
 
-__all__ = ["IN_PLACE", "IN_PLACE_BYTES", "SMALL_ALL_REDUCE", "ShmCollectives"]
+__all__ = ["IN_PLACE", "IN_PLACE_BYTES", "IN_PLACE_UP_TO", "SMALL_ALL_REDUCE", "ShmCollectives"]
 
 Array = np.ndarray[Any, Any]
 
 #: all_reduce moves at most this many bytes (size x ranks) the one-sync way, in which every
 #: rank reduces everything; above it the pipeline (each rank reduces 1/p) is faster here.
 SMALL_ALL_REDUCE = 32 << 10
-#: all_reduce of an array in the group's shared buffers (``allocate``) from this many bytes
-#: on reads the peers' arrays in place; a smaller one goes through the slots, whose one
-#: compiled call is faster than the in-place steps' three waits.
-IN_PLACE_BYTES = 256 << 10
+#: all_reduce of an array in the group's shared buffers (``allocate``) from ``IN_PLACE_BYTES``
+#: to ``IN_PLACE_UP_TO`` bytes reads the peers' arrays in place. Below, the slots' one
+#: compiled call is faster than the in-place steps' waits (256 KiB: 26.7 us in place, 13.7
+#: through the slots); above, the slots' pipeline, whose chunks stay in cache, is (32 MiB:
+#: 3.64 ms in place, 2.23 through the slots); in between, in place is faster (8 MiB:
+#: 197 us against 343). 2 ranks, ``ferrodist bench --backends shm,shm-shared``.
+IN_PLACE_BYTES = 1 << 20
+IN_PLACE_UP_TO = 16 << 20
 #: What an in-place all_reduce adds to its call's fingerprint: the bits of a root, which an
 #: all_reduce has none of (``ferrodist.collectives``' fingerprints describe it in words).
 IN_PLACE = 0x7FF << 39
@@ -133,7 +137,7 @@ class ShmCollectives:
         slots, then gather (bandwidth-optimal)."""
         if 0 < x.nbytes <= self._small_bytes:
             self._small(x, dt, op, deadline, fingerprint, seq)
-        elif x.nbytes >= IN_PLACE_BYTES and (where := self.shared.find(x)) is not None:
+        elif IN_PLACE_BYTES <= x.nbytes <= IN_PLACE_UP_TO and (where := self.shared.find(x)) is not None:
             buffer, offset = where
             peers = self.shared.peers(x, buffer, offset)
             place, words = self.shared.place(buffer, offset)
