@@ -184,10 +184,10 @@ def all_reduce_in_place(
     """all_reduce of ``x``, which lies in shared memory where every peer's ``x`` is
     ``peers[q]`` (``peers[me]`` is ``x``'s memory; ``place`` says where, ``where`` in
     words, and every rank checks that all are at the same place): no slot. Once every
-    rank is in the call (so every rank's ``x`` is written), each rank folds its block of every rank's
-    ``x`` in rank order into its own ``x``; once every block is reduced, each copies the
-    other blocks from their owners; and it returns only once no rank reads its ``x`` any
-    more, so the caller may write it again."""
+    rank is in the call (so every rank's ``x`` is written), each rank folds its block of
+    every rank's ``x`` in rank order into its own ``x``; once every block is reduced, each
+    copies the other blocks from their owners; and it returns only once no rank reads its
+    ``x`` any more, so the caller may write it again."""
     p, me = a.world, a.rank
     bounds = split(x.shape[0], p)
     g, s = chunk(a, health, deadline, fingerprint, seq)
