@@ -49,7 +49,7 @@ def table(records: Sequence[dict[str, Any]], baseline: str | None = None) -> str
                 elif lib == baseline or base is None:
                     cells.append(_time(r["seconds"]))
                 elif lib == FLOOR:  # how far the baseline is from memory speed
-                    cells.append(f"{_time(r['seconds'])} ({base['seconds'] / r['seconds']:.2f}x slower)")
+                    cells.append(f"{_time(r['seconds'])} ({baseline} at {base['seconds'] / r['seconds']:.2f}x)")
                 else:
                     cells.append(f"{_time(r['seconds'])} ({r['seconds'] / base['seconds']:.2f}x)")
             out.append("| " + " | ".join(cells) + " |")
