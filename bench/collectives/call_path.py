@@ -1,7 +1,7 @@
 """Where the time of a small all_reduce goes: the module function, the group, the runner
 and the transport's own collective, each timed on its own in one job.
 
-    ferrodist run -n 2 bench/collectives/call_path.py [--bytes 4096] [--calls 20000]
+    ferrodist run -n 2 bench/collectives/call_path.py [--bytes 4096] [--calls 20000] [--dtype bfloat16]
 
 Each rank times ``--calls`` calls of: ``ferrodist.collectives.all_reduce`` (the module
 function), ``ProcessGroup.all_reduce`` (the group: its plan found from the arguments),
@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 import ferrodist.collectives as dist
-from ferrodist.core import ReduceOp, float32
+from ferrodist.core import ReduceOp, dtype
 
 
 def mean_us(run: Callable[[], object], calls: int) -> float:
@@ -36,9 +36,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bytes", type=int, default=4096)
     parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--dtype", default="float32", help="element type (default float32)")
     args = parser.parse_args()
     group = dist.init_process_group()
-    x = np.ones(args.bytes // 4, np.float32)
+    dt = dtype(args.dtype)
+    x = np.ones(args.bytes // dt.itemsize, dt.numpy)
     for _ in range(2000):  # plans made, kernels compiled
         dist.all_reduce(x)
     signature = ("all_reduce", x.dtype, x.size, ReduceOp.SUM, None, None)
@@ -54,11 +56,11 @@ def main() -> int:
 
     def direct() -> None:
         seq[0] += 1
-        native.all_reduce(x, float32, ReduceOp.SUM, time.monotonic() + 30, plan.fingerprint, seq[0])
+        native.all_reduce(x, dt, ReduceOp.SUM, time.monotonic() + 30, plan.fingerprint, seq[0])
 
     transport = mean_us(direct, args.calls)  # the group makes no call after these
     if group.rank == 0:
-        print(f"all_reduce of {args.bytes} bytes, {group.size} ranks over {type(group.transport).__name__}:")
+        print(f"all_reduce of {args.bytes} bytes of {dt.name}, {group.size} ranks over {type(group.transport).__name__}:")
         print("| layer | time of a call | its own share |")
         print("|---|---|---|")
         rows = [

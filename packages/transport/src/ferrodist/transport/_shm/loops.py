@@ -296,30 +296,6 @@ def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
     return _stop(state, lo, g, 0, 0, 0, 0, 0, 0, DONE)
 
 
-@jit(inline="always")
-def _widen(h, half):  # type: ignore[no-untyped-def]
-    return load(h, BF16) if half == BF16 else load(h, F16)
-
-
-@jit(inline="always")
-def _fold_halves(x, data, s, slots, chunk, p, op, divisor, half):  # type: ignore[no-untyped-def]
-    """``x`` = every rank's slot (16-bit float bits) combined in float32 in rank order and
-    rounded once, as the fused kernels do (so the same bits)."""
-    n = x.shape[0]
-    acc = np.empty(n, np.float32)
-    first = _slot(data, x, 0, s, slots, chunk, n)
-    for i in range(n):
-        acc[i] = _widen(first[i], half)
-    for q in range(1, p):
-        src = _slot(data, x, q, s, slots, chunk, n)
-        for i in range(n):
-            acc[i] = combine(acc[i], _widen(src[i], half), op)
-    div = np.float32(divisor)
-    for i in range(n):
-        value = acc[i] / div if divisor != 1.0 else acc[i]
-        x[i] = store(value, BF16) if half == BF16 else store(value, F16)
-
-
 #: Elements per float32 accumulator block of the large float16/bfloat16 fold.
 HALF_BLOCK = 2048
 
@@ -425,8 +401,10 @@ def all_reduce_small(x, data, words, state, divisor):  # type: ignore[no-untyped
             return _stop(state, 0, g, 1, COPIED, g + 1, s, 0, p, WAIT)
         if _other_call(words, s, 0, p, fingerprint, number):
             return _stop(state, 0, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
-        if state[HALF]:
-            _fold_halves(x, data, s, slots, chunk, p, op, divisor, state[HALF])
+        if state[HALF]:  # every rank's slot, its own included, into x, a block at a time
+            acc = np.empty(0 if p == 2 and op == SUM else HALF_BLOCK, np.float32)
+            own = _slot(data, x, me, s, slots, chunk, n)
+            _fold_halves_block(x, x, own, data, me, s, slots, chunk, n, 0, n, p, op, divisor, state[HALF], acc)
         else:
             first = _slot(data, x, 0, s, slots, chunk, n)
             _fold(x, first, _slot(data, x, 1, s, slots, chunk, n), op, divisor if p == 2 else 1.0)
