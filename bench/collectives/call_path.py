@@ -60,7 +60,9 @@ def main() -> int:
 
     transport = mean_us(direct, args.calls)  # the group makes no call after these
     if group.rank == 0:
-        print(f"all_reduce of {args.bytes} bytes of {dt.name}, {group.size} ranks over {type(group.transport).__name__}:")
+        print(
+            f"all_reduce of {args.bytes} bytes of {dt.name}, {group.size} ranks over {type(group.transport).__name__}:"
+        )
         print("| layer | time of a call | its own share |")
         print("|---|---|---|")
         rows = [

@@ -182,6 +182,36 @@ def test_host_view_holds_the_tensor_and_refuses_what_has_no_plain_memory(torch):
     assert host_view(torch.zeros(2, device="meta")) is None
 
 
+def test_host_view_reuses_its_array_for_a_tensor_only_while_it_is_the_same_memory(torch):
+    """A tensor called on again gets the array made before (no new array per call), unless
+    its address, shape or dtype changed in place; what is remembered keeps nothing alive."""
+    import gc
+    import weakref
+
+    from ferrodist.core import _tensor
+
+    t = torch.arange(6, dtype=torch.float32)
+    first, second, third = host_view(t), host_view(t), host_view(t)
+    assert first is not second and third is second  # remembered at its second call
+    t.resize_(2, 3)  # same memory, another shape
+    assert host_view(t).shape == (2, 3)
+    t.data = t.data.view(torch.int32)  # same memory and shape, another dtype
+    assert host_view(t).dtype == np.int32 and host_view(t).dtype == np.int32
+    t.untyped_storage().resize_(0)  # freed in place (FSDP): no memory to view
+    assert host_view(t) is None
+    u = torch.ones(1 << 16)
+    host_view(u), host_view(u)
+    storage = weakref.ref(host_view(u).base.owner)
+    alive = weakref.ref(u)
+    assert id(u) in _tensor._VIEWS
+    del u
+    gc.collect()
+    assert alive() is None and storage() is None  # the tensor and its memory went
+    key_gone = all(entry[0]() is not None for entry in _tensor._VIEWS.values())
+    assert key_gone  # its entry went with it
+    assert host_view(torch.ones(3, 3).to_sparse_csr()) is None  # no strided memory
+
+
 def test_non_contiguous_torch_tensor_is_refused(torch):
     with pytest.raises(InvalidArgument, match="contiguous"):
         as_tensor(torch.zeros(4, 4).t())

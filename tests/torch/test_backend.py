@@ -20,6 +20,8 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 pytest.importorskip("ferrodist.torch", reason="ferrodist-torch is not installed (pip install packages/torch)")
+from torch._C import _distributed_c10d as c10d  # noqa: E402
+
 import ferrodist.torch  # noqa: E402
 from ferrodist.collectives import ProcessGroup  # noqa: E402
 from ferrodist.core import CollectiveMismatch, FerrodistError, InvalidArgument, InvalidRank  # noqa: E402
@@ -216,6 +218,54 @@ def test_collectives_and_futures_on_two_ranks():
         assert sums == [[float(2 * k + 1)] * 3 for k in range(4)]
         assert chained == [20.0, 20.0]
         assert gathered == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_blocking_calls_on_cpu_tensors_go_straight_to_the_group(monkeypatch):
+    """torch.distributed's blocking all_reduce and broadcast of a contiguous CPU tensor make
+    no staging and use no worker; the other forms (async, a strided view, an op ferrodist
+    lacks) still take the general path, with its results and errors."""
+    from ferrodist.torch import _group
+
+    made = []
+    real = _group.Staging
+
+    def counted(*args: Any) -> Any:
+        made.append(threading.get_ident())  # each rank is a thread: count its own
+        return real(*args)
+
+    monkeypatch.setattr(_group, "Staging", counted)
+
+    def body(group: FerrodistProcessGroup) -> Any:
+        me = group.rank()
+        x = torch.full((5,), float(me + 1))
+        blocking = c10d.AllreduceOptions()
+        blocking.asyncOp = False
+        blocking.reduceOp = dist.ReduceOp.MAX
+        work = group.allreduce([x], blocking)
+        root = c10d.BroadcastOptions()
+        root.asyncOp, root.rootRank = False, 1
+        y = torch.full((3,), float(me))
+        group.broadcast([y], root)
+        fast = (x.tolist(), y.tolist(), work.is_completed(), work.result()[0] is x, made.count(threading.get_ident()))
+        strided = torch.full((4, 2), float(me + 1)).t()  # not contiguous: staged, copied back
+        group.allreduce([strided], c10d.AllreduceOptions()).wait()
+        premul = c10d.AllreduceOptions()
+        premul.asyncOp = False
+        premul.reduceOp = dist._make_nccl_premul_sum(2.0)
+        try:
+            group.allreduce([x], premul)
+            refused = None
+        except InvalidArgument as exc:
+            refused = str(exc)
+        return fast, strided.tolist(), group.ferrodist_group._runner._worker is not None, refused
+
+    for result in torch_world(2, body):
+        assert not isinstance(result, BaseException), result
+        fast, strided, worker, refused = result
+        assert fast == ([2.0] * 5, [1.0] * 3, True, True, 0)  # no staging for the blocking pair
+        assert strided == [[3.0] * 4] * 2
+        assert worker  # the async one ran on the worker
+        assert refused is not None and "PREMUL_SUM is not supported" in refused
 
 
 def test_a_failed_call_fails_its_future_where_torchs_cpp_code_looks():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
@@ -305,17 +306,27 @@ def host_view(obj: object) -> np.ndarray[Any, Any] | None:
 
 
 class _Holder:
-    """What a numpy array over a torch tensor's memory keeps as its base: the tensor (alive as
-    long as the array) and the address, shape and type numpy reads."""
+    """What a numpy array over a torch tensor's memory keeps as its base: the tensor, or for
+    an array that ``_VIEWS`` remembers its storage (either keeps the memory alive as long as
+    the array), and the address, shape and type numpy reads."""
 
-    __slots__ = ("__array_interface__", "tensor")
+    __slots__ = ("__array_interface__", "owner")
     __array_interface__: dict[str, Any]
-    tensor: Any
+    owner: Any
 
 
 #: torch dtype -> (the numpy type string of its memory, the dtype to view that as or None);
 #: None for a dtype numpy cannot hold.
 _HOST_FORMS: dict[Any, tuple[str, Any] | None] = {}
+#: id(tensor) -> (a weak reference to it, its address, shape and dtype, the array over it):
+#: the array made for a tensor, reused while the tensor keeps that address, shape and dtype. An entry
+#: goes when its tensor does (and all of them past ``_MOST_VIEWS``); it holds the storage,
+#: never the tensor, so it keeps nothing alive that its tensor would not.
+_VIEWS: dict[int, tuple[Any, int, Any, Any, np.ndarray[Any, Any]]] = {}
+#: id(tensor) -> address, for tensors seen once: a tensor is remembered the second time it
+#: comes (a tensor made for one call, which most are not, costs no weak reference).
+_SEEN_ONCE: dict[int, int] = {}
+_MOST_VIEWS = 4096
 
 
 def _host_form(torch_dtype: Any) -> tuple[str, Any] | None:
@@ -336,24 +347,62 @@ def _torch_host(obj: Any) -> np.ndarray[Any, Any] | None:
 
     Not ``obj.numpy()``: that marks the tensor's storage as not resizable for good, and
     torch code that frees a buffer by resizing its storage to zero after a collective (FSDP
-    does, between forward and backward) would then fail. The array holds the tensor, and
-    through it the storage; ``requires_grad`` does not matter here (the memory is the same).
+    does, between forward and backward) would then fail. ``requires_grad`` does not matter
+    here (the memory is the same). A tensor that comes a third time at the same address with
+    the same shape gets the array made the second time (a lookup, not a new array).
     """
-    form = _HOST_FORMS.get(obj.dtype, _HOST_FORMS)
-    if form is _HOST_FORMS:
-        form = _host_form(obj.dtype)
-    if form is None or not obj.is_cpu or not obj.is_contiguous() or obj.is_conj() or obj.is_neg():
-        return None
+    key = id(obj)
+    seen = _VIEWS.get(key)
     try:
-        address = obj.data_ptr()  # a tensor without storage (a wrapper subclass, fake or meta) raises
+        kind = obj.dtype  # which ``tensor.data = ...`` can change, with the address and shape
+        if seen is not None and seen[0]() is obj and obj.data_ptr() == seen[1] and obj.shape == seen[2]:
+            if kind is seen[3] and obj.is_contiguous():
+                return seen[4]
+        form = _HOST_FORMS.get(kind, _HOST_FORMS)
+        if form is _HOST_FORMS:
+            form = _host_form(kind)
+        if form is None or not obj.is_cpu or not obj.is_contiguous() or obj.is_conj() or obj.is_neg():
+            return None
+        # a tensor without storage (a wrapper subclass, fake or meta, mkldnn) raises here, and
+        # layouts other than strided (sparse CSR) in ``is_contiguous``
+        address = obj.data_ptr()
+        if address == 0 and obj.numel():  # its storage was resized to nothing: no memory to view
+            return None
     except (RuntimeError, TypeError, NotImplementedError):
         return None
     typestr, view = form  # type: ignore[misc]
     holder = _Holder()
-    holder.tensor = obj
-    holder.__array_interface__ = {"data": (address, False), "shape": tuple(obj.shape), "typestr": typestr, "version": 3}
+    shape = obj.shape
+    holder.__array_interface__ = {"data": (address, False), "shape": tuple(shape), "typestr": typestr, "version": 3}
+    again = _SEEN_ONCE.get(key) == address  # its second call: remember the array
+    holder.owner = obj.untyped_storage() if again else obj
     array: np.ndarray[Any, Any] = np.asarray(holder)
-    return array if view is None else array.view(view)
+    if view is not None:
+        array = array.view(view)
+    if again:
+        _remember(obj, address, shape, kind, array)
+    else:
+        if len(_SEEN_ONCE) >= _MOST_VIEWS:
+            _SEEN_ONCE.clear()
+        _SEEN_ONCE[key] = address
+    return array
+
+
+def _remember(obj: Any, address: int, shape: Any, kind: Any, array: np.ndarray[Any, Any]) -> None:
+    key = id(obj)
+
+    def forget(ref: Any) -> None:
+        seen = _VIEWS.get(key)
+        if seen is not None and seen[0] is ref:
+            del _VIEWS[key]
+
+    try:
+        ref = weakref.ref(obj, forget)
+    except TypeError:  # a tensor type without weak references: nothing remembered
+        return
+    if len(_VIEWS) >= _MOST_VIEWS:
+        _VIEWS.clear()
+    _VIEWS[key] = (ref, address, shape, kind, array)
 
 
 def device_view(obj: object) -> Tensor | None:

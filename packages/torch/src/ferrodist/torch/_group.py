@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from ferrodist.collectives import ProcessGroup, destroy_process_group
-from ferrodist.core import InvalidArgument, ReduceOp
+from ferrodist.core import InvalidArgument, ReduceOp, host_view
 
 from . import _forms as forms
 from ._names import BACKEND_NAME
@@ -117,9 +117,27 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def _one(self, tensors: Sequence[Any], operation: str, what: str = "tensors") -> Any:
         return single(tensors, self.ferrodist_group.rank, operation, what)
 
+    def _host(self, tensors: Any, opts: Any, kind: Any) -> Any:
+        """The one CPU tensor of a blocking call in torch's long form (``[tensor]`` and
+        options of ``kind``, what ``torch.distributed``'s functions pass), as the array
+        ferrodist takes; None for anything else, which the general path checks and stages."""
+        if type(opts) is not kind or type(tensors) is not list or len(tensors) != 1 or opts.asyncOp:
+            return None
+        tensor = tensors[0]
+        return host_view(tensor) if isinstance(tensor, torch.Tensor) else None
+
+    def _done(self, operation: str, result: list[torch.Tensor]) -> FerrodistWork:
+        self._calls += 1
+        return FerrodistWork.done(operation, self._calls, self._description, result)
+
     # -- reductions -------------------------------------------------------------------------------
     def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None) -> FerrodistWork:  # type: ignore[override]
         """``allreduce([tensor], opts)``, or ``allreduce(tensor or [tensor], op, timeout)``."""
+        array = self._host(tensors, opts, _ALLREDUCE)
+        if array is not None and (op := _OPS.get(opts.reduceOp.op.value)) is not None:
+            # a blocking call on a CPU tensor: straight to the group, no staging, no worker
+            self.ferrodist_group.all_reduce(array, op, timeout=_seconds(opts, "allreduce"))
+            return self._done("allreduce", tensors)
         tensors, opts = _listed(tensors), forms.reduce_options(c10d.AllreduceOptions, opts, timeout)
         tensor = self._one(tensors, "allreduce")
         op = self._op(opts, "allreduce")
@@ -220,6 +238,10 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     # -- copies -------------------------------------------------------------------------------------
     def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None) -> FerrodistWork:  # type: ignore[override]
         """``broadcast([tensor], opts)``, or ``broadcast(tensor, root, timeout)``."""
+        array = self._host(tensors, opts, _BROADCAST)
+        if array is not None:  # a blocking call on a CPU tensor: straight to the group
+            self.ferrodist_group.broadcast(array, opts.rootRank, timeout=_seconds(opts, "broadcast"))
+            return self._done("broadcast", tensors)
         tensors, opts = _listed(tensors), forms.rooted_options(c10d.BroadcastOptions, opts, timeout)
         tensor = self._one(tensors, "broadcast")
         g = self.ferrodist_group
@@ -467,6 +489,20 @@ class _Last:
 
     def is_completed(self) -> bool:
         return all(w.is_completed() for w in self._works)
+
+
+_ALLREDUCE, _BROADCAST = c10d.AllreduceOptions, c10d.BroadcastOptions
+#: torch's reduce op (``RedOpType``'s value) -> ferrodist's of the same name
+_OPS = {getattr(c10d.ReduceOp.RedOpType, name).value: ReduceOp[name] for name in REDUCE_OPS}
+
+
+#: What torch's options hold when nobody gave a timeout (the call's own deadline applies).
+_NO_TIMEOUT = c10d.AllreduceOptions().timeout
+
+
+def _seconds(opts: Any, operation: str) -> float | None:
+    timeout = opts.timeout
+    return None if timeout == _NO_TIMEOUT else seconds(timeout, operation)
 
 
 def _listed(tensors: Any) -> list[torch.Tensor]:
