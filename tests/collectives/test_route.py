@@ -110,3 +110,67 @@ def test_a_plan_is_a_frozen_value_that_says_what_it_does():
             plan.route = "ring"  # type: ignore[misc]
     finally:
         dist.destroy_process_group()
+
+
+def test_a_known_small_all_reduce_over_shm_runs_the_bound_collective_with_no_call_made(monkeypatch):
+    """Over shared memory, the plan of a one-slot all_reduce holds the arena's collective
+    bound to its dtype and op; a known call runs it with no ``Call`` object, and back-to-back
+    calls with new data each get every rank's sum. Larger calls keep the general body."""
+    import threading
+
+    from _helpers import free_port
+    from ferrodist.collectives import _runner
+    from ferrodist.transport import ShmTransport
+
+    made: list[int] = []
+    real = _runner.Call
+
+    def counted(*args: object) -> object:
+        made.append(threading.get_ident())
+        return real(*args)
+
+    monkeypatch.setattr(_runner, "Call", counted)
+    port = free_port()
+    out: list[object] = [None, None]
+
+    def rank_main(rank: int) -> None:
+        transport = ShmTransport.connect(
+            rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, timeout=30, token=b"bound-test"
+        )
+        try:
+            group = dist.ProcessGroup(transport, range(2), 0, timeout=30, name="world")
+            small, large = np.zeros(1024, np.float32), np.zeros(1 << 20, np.float32)
+            group.all_reduce(small)  # checked and planned
+            group.all_reduce(large)
+            plans = [
+                group._route.known(("all_reduce", a.dtype, a.size, ReduceOp.SUM, None, None)) for a in (small, large)
+            ]
+            before = made.count(threading.get_ident())
+            sums = []
+            for step in range(50):
+                small[...] = np.arange(1024) * (rank + 1) + step
+                group.all_reduce(small)
+                sums.append(bool((small == np.arange(1024) * 3 + 2 * step).all()))
+            out[rank] = (
+                plans[0].native_call is not None,
+                plans[1].native_call is None,
+                sums,
+                made.count(threading.get_ident()) - before,
+            )
+            group._shutdown(5.0)
+        except BaseException as exc:
+            out[rank] = exc
+        finally:
+            transport.close()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for result in out:
+        assert not isinstance(result, BaseException), result
+        bound, general, sums, calls_made = result
+        assert bound and general
+        assert all(sums), sums
+        assert calls_made == 0  # no Call object for the 50 known calls

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from ferrodist.core import DType, ReduceOp
 
-__all__ = ["Body", "Plan"]
+__all__ = ["Body", "NativeCall", "Plan"]
 
 Body = Callable[..., None]
+#: A transport's own collective bound to one kind of call: ``(array, deadline, fingerprint, seq)``.
+NativeCall = Callable[[Any, float, int, int], None]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -26,7 +29,10 @@ class Plan:
     (``"levels"``) or our algorithm (``"ring"``,
     ``"recursive_doubling"``, ``"tree"``, ``"direct"``, ``"dissemination"``).
     ``body(call, *arrays)`` runs it inside the call: device ``Tensor`` objects for a device
-    engine, else flat host arrays and ``Blocks``.
+    engine, else flat host arrays and ``Blocks``. ``native_call``, where the transport's own
+    collective bound itself to this kind of call (``NativeCollectives.bound_all_reduce``),
+    does what ``body`` does, called as ``native_call(array, deadline, fingerprint, seq)``
+    with no ``Call`` made.
     """
 
     operation: str
@@ -38,6 +44,7 @@ class Plan:
     divisor: float
     fingerprint: int
     body: Body = dataclasses.field(repr=False, compare=False)
+    native_call: NativeCall | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         words = [self.operation]

@@ -135,7 +135,11 @@ class Route:
             assert dt is not None or operation == "barrier"
             route, body = self.cpu(operation, dt, count, op, root, algorithm)
         scale = op.divisor(size) if op is not None else 1.0
-        return Plan(operation, route, dt, count, op, root, scale, fp, body)
+        native_call = None
+        if route == "transport" and operation == "all_reduce" and self.native is not None:
+            assert dt is not None and op is not None
+            native_call = self.native.bound_all_reduce(dt, op, count)
+        return Plan(operation, route, dt, count, op, root, scale, fp, body, native_call)
 
     # -- the CPU route ----------------------------------------------------------------------------
     def cpu(

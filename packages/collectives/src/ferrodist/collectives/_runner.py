@@ -162,8 +162,13 @@ class Runner:
                     started = _trace.now()
             order.entered = seq
             deadline = time.monotonic() + self.timeout
-            tag = self._tags | (seq & MAX_USER_TAG)
-            body(Call(self.transport, self.ranks, rank, tag, deadline, self.scratch, plan.fingerprint, seq), *arrays)
+            native_call = plan.native_call
+            if native_call is not None:  # the transport's own collective, bound to this kind of call
+                native_call(arrays[0], deadline, plan.fingerprint, seq)
+            else:
+                tag = self._tags | (seq & MAX_USER_TAG)
+                call = Call(self.transport, self.ranks, rank, tag, deadline, self.scratch, plan.fingerprint, seq)
+                body(call, *arrays)
             failed = False
         except FerrodistError as exc:
             raise self._fail(exc, plan.operation, seq).with_traceback(exc.__traceback__) from None

@@ -464,6 +464,10 @@ class MpiCollectives:
         if op is ReduceOp.AVG:
             np.divide(x, self._size, out=x)
 
+    def bound_all_reduce(self, dt: DType, op: ReduceOp, count: int) -> None:
+        """MPI's all_reduce has nothing to bind: the route calls ``all_reduce``."""
+        return None
+
     def reduce(
         self, x: Buffer, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None:

@@ -25,6 +25,8 @@ from .shared import Exchange, Shared
 __all__ = ["IN_PLACE", "IN_PLACE_BYTES", "IN_PLACE_UP_TO", "SMALL_ALL_REDUCE", "ShmCollectives"]
 
 Array = np.ndarray[Any, Any]
+#: A collective bound to its dtype and op: ``call(x, deadline, fingerprint, seq)``.
+SmallCall = Callable[[Array, float, int, int], None]
 
 #: all_reduce moves at most this many bytes (size x ranks) the one-sync way, in which every
 #: rank reduces everything; above it the pipeline (each rank reduces 1/p) is faster here.
@@ -59,8 +61,8 @@ class ShmCollectives:
         self._folds: dict[tuple[DType, ReduceOp], Any] = {}
         self._state = loops.new_state()
         self.shared = Shared(arena.rank, arena.world)
-        # (dtype, op) -> what ``_small_kind`` says for the one-slot all_reduce
-        self._small_kinds: dict[tuple[DType, ReduceOp], tuple[Any, ...]] = {}
+        # (dtype, op) -> the one-slot all_reduce bound to them (``_bind_small``)
+        self._smalls: dict[tuple[DType, ReduceOp], SmallCall] = {}
         self._state[loops.ME], self._state[loops.RANKS] = arena.rank, arena.world
         self._state[loops.SLOTS], self._state[loops.BYTES] = arena.slots, arena.chunk
         self._state[loops.SPINS] = arena.spins
@@ -70,13 +72,11 @@ class ShmCollectives:
         self._small_bytes = min(2 * arena.chunk, SMALL_ALL_REDUCE) // arena.world
         # Each collective's compiled loop (driven from Python) and the same protocol step by step.
         self.twins = {
-            "all_reduce (one slot)": Twin(self._small_compiled, self._small_stepwise, queue=small_first),
             "all_reduce": Twin(self._chunks_compiled, self._chunks_stepwise),
             "broadcast": Twin(self._broadcast_compiled, self._broadcast_stepwise),
             "all_gather": Twin(self._all_gather_compiled, self._all_gather_stepwise),
             "reduce_scatter": Twin(self._reduce_scatter_compiled, self._reduce_scatter_steps),
         }
-        self._small = self.twins["all_reduce (one slot)"].call
         self._chunks = self.twins["all_reduce"].call
         self._broadcast = self.twins["broadcast"].call
         self._all_gather = self.twins["all_gather"].call
@@ -136,7 +136,8 @@ class ShmCollectives:
         data and reduces all of it (one sync). Larger: per chunk, reduce-scatter through the
         slots, then gather (bandwidth-optimal)."""
         if 0 < x.nbytes <= self._small_bytes:
-            self._small(x, dt, op, deadline, fingerprint, seq)
+            small = self._smalls.get((dt, op)) or self._bind_small(dt, op)
+            small(x, deadline, fingerprint, seq)
         elif IN_PLACE_BYTES <= x.nbytes <= IN_PLACE_UP_TO and (where := self.shared.find(x)) is not None:
             buffer, offset = where
             peers = self.shared.peers(x, buffer, offset)
@@ -150,28 +151,44 @@ class ShmCollectives:
         else:
             self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=None)
 
-    def _small_compiled(self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int) -> None:
-        """The one-slot all_reduce's compiled loop: its start, and its resumption from Python
-        when it returns a wait or a wake-up for a peer."""
-        small = self._small_kinds.get((dt, op))
-        if small is None:
-            small = self._small_kinds[(dt, op)] = self._small_kind(dt, op)
-        if not small:  # one rank: the same protocol in Python
-            return self._small_stepwise(x, dt, op, deadline, fingerprint, seq)
-        view, opcode, divisor, half = small
-        a = self._a
-        flat, data, words, state = (x if view is None else x.view(view)), a.data, a.words, self._state
-        call_id = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # its 64 bits
-        state[loops.SPINS] = a.small_spins
-        status = SMALL_START(flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1)
-        if status == loops.DONE:  # the common case: no Python wait, no wake-up
-            a.chunks = int(state[loops.CHUNK])
-            return
-        self._resume(lambda state: SMALL(flat, data, words, state, divisor), status, deadline, fingerprint, seq, False)
+    def bound_all_reduce(self, dt: DType, op: ReduceOp, count: int) -> SmallCall | None:
+        """An all_reduce of ``count`` elements of ``dt`` with ``op``, bound to them once:
+        ``call(x, deadline, fingerprint, seq)`` for a flat array ``x`` of them, which does
+        what ``all_reduce`` does and looks nothing up (None where that is the general path:
+        above the one-slot size)."""
+        if not 0 < count * dt.itemsize <= self._small_bytes:
+            return None
+        return self._smalls.get((dt, op)) or self._bind_small(dt, op)
 
-    def _small_stepwise(self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int) -> None:
-        views, fold, divisor = self._small_plan(dt, op, x.shape[0])
-        stepwise.all_reduce_slot(self._a, self._health, x, views, fold, divisor, deadline, fingerprint, seq)
+    def _bind_small(self, dt: DType, op: ReduceOp) -> SmallCall:
+        """The one-slot all_reduce of ``dt`` with ``op``: its compiled loop (its start, and its
+        resumption from Python when it returns a wait or a wake-up for a peer) and the same
+        protocol step by step, as one ``Twin``, with everything but the call's own values bound."""
+        a, state, data, words = self._a, self._state, self._a.data, self._a.words
+
+        def stepwise_call(x: Array, deadline: float, fingerprint: int, seq: int) -> None:
+            views, fold, divisor = self._small_plan(dt, op, x.shape[0])
+            stepwise.all_reduce_slot(a, self._health, x, views, fold, divisor, deadline, fingerprint, seq)
+
+        small = self._small_kind(dt, op)
+        if not small:  # one rank: the same protocol in Python
+            self._smalls[(dt, op)] = stepwise_call
+            return stepwise_call
+        view, opcode, divisor, half = small
+        resume = self._resume
+
+        def compiled(x: Array, deadline: float, fingerprint: int, seq: int) -> None:
+            flat = x if view is None else x.view(view)
+            call_id = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint  # its 64 bits
+            state[loops.SPINS] = a.small_spins
+            status = SMALL_START(flat, data, words, state, divisor, a.chunks, opcode, half, call_id, seq + 1)
+            if status == loops.DONE:  # the common case: no Python wait, no wake-up
+                a.chunks = int(state[loops.CHUNK])
+                return
+            resume(lambda state: SMALL(flat, data, words, state, divisor), status, deadline, fingerprint, seq, False)
+
+        call = self._smalls[(dt, op)] = Twin(compiled, stepwise_call, queue=small_first).call
+        return call
 
     def reduce(
         self, x: Array, root: int, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
