@@ -69,9 +69,7 @@ class NativeCollectives(Protocol):
         self, x: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None: ...
 
-    def bound_all_reduce(
-        self, dt: DType, op: ReduceOp, count: int
-    ) -> Callable[[Buffer, float, int, int], None] | None:
+    def bound_all_reduce(self, dt: DType, op: ReduceOp, count: int) -> Callable[[Buffer, float, int, int], None] | None:
         """``all_reduce`` of ``count`` elements of ``dt`` with ``op``, bound to them once:
         ``call(x, deadline, fingerprint, seq)``; None where there is nothing to bind."""
         ...
