@@ -200,6 +200,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "scatter_object_list",
         "send",
         "send_object_list",
+        "reads_in_place",
         "shared_zeros",
         "shares_memory",
     },

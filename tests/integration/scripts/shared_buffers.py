@@ -99,7 +99,9 @@ def ddp(world: dist.ProcessGroup, rank: int, size: int) -> dict[str, object]:
     got, want = trained.state_dict(), reference.state_dict()
     return {
         "buckets": len(flats),
+        "sizes": [int(f.nbytes) for f in flats],
         "shared": sum(shared.find(f) is not None for f in flats),
+        "in_range": sum(IN_PLACE_BYTES <= f.nbytes <= IN_PLACE_UP_TO for f in flats),
         "in_place": sum(IN_PLACE_BYTES <= f.nbytes <= IN_PLACE_UP_TO and shared.find(f) is not None for f in flats),
         "difference": max(float(np.max(np.abs(got[k] - want[k]))) for k in want),
     }

@@ -46,7 +46,7 @@ from ._api.default_group import (
     is_initialized,
     new_group,
 )
-from ._api.shared import shared_zeros, shares_memory
+from ._api.shared import reads_in_place, shared_zeros, shares_memory
 from ._api.torch_names import (
     all_gather_single,
     get_global_rank,
@@ -111,6 +111,7 @@ __all__ = [
     "new_subgroups",
     "one_host",
     "preload",
+    "reads_in_place",
     "recv",
     "recv_object_list",
     "reduce",

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.collectives import ProcessGroup, shares_memory, tracing
+from ferrodist.collectives import ProcessGroup, reads_in_place, tracing
 from ferrodist.core import Group, InvalidArgument, ReduceOp, Work, dtype
 
 from ._buckets import BucketPlan
@@ -24,6 +24,11 @@ from ._models import Model
 from ._overlap import OverlapChoice
 
 __all__ = ["Reducer"]
+
+
+def _itemsize(name: str) -> int:
+    return dtype(name).itemsize
+
 
 Hook = Callable[[GradBucket], Work]
 
@@ -42,13 +47,20 @@ class Reducer:
         self.overlap = overlap is not False
         self.find_unused = find_unused
         n = len(model.params)
-        # Host buckets of a ProcessGroup live in the memory its ranks share where they have
-        # it: the bucket's all_reduce then reads every rank's bucket in place. A shared
-        # bucket is never swapped for a gradient of its own (every rank must pass it).
-        self.shared = isinstance(group, ProcessGroup) and shares_memory(group)
+        # A host bucket of a ProcessGroup lives in the memory its ranks share where its
+        # all_reduce would then read every rank's bucket in place (the group shares memory,
+        # and the bucket's size is in the range where that is faster). A shared bucket is
+        # never swapped for a gradient of its own (every rank must pass it); the others are
+        # (a bucket of one large weight averages autograd's tensor where it is, no copy).
+        self.shared = [
+            b.device == "cpu"
+            and isinstance(group, ProcessGroup)
+            and reads_in_place(b.numel * _itemsize(b.dtype), group)
+            for b in plan.buckets
+        ]
         self.flats = [
             model.shared_flat(b.dtype, b.numel, group)
-            if self.shared and b.device == "cpu"
+            if self.shared[b.index]
             else model.flat(b.dtype, b.device, b.numel)
             for b in plan.buckets
         ]
@@ -136,7 +148,7 @@ class Reducer:
             # is (no copy: PyTorch's large weights); else one copy into the bucket, and the
             # bucket's view from now on.
             b = self.bucket_of[i]
-            alone = len(self.plan.buckets[b].params) == 1 and not self.shared
+            alone = len(self.plan.buckets[b].params) == 1 and not self.shared[b]
             flat = model.adoptable(grad, self.homes[i]) if alone else None
             if flat is not None:
                 self.views[i] = grad

@@ -13,7 +13,7 @@ from ferrodist.core import DType, InvalidArgument, dtype
 
 from .default_group import resolve
 
-__all__ = ["shared_zeros", "shares_memory"]
+__all__ = ["reads_in_place", "shared_zeros", "shares_memory"]
 
 #: Bytes of one rank's word in the exchange of segment addresses (longer text is cut).
 _ROW = 256
@@ -56,6 +56,18 @@ def shares_memory(group: ProcessGroup | None = None) -> bool:
     world group of a job on one host over shm), rather than ordinary ones."""
     g = resolve(group)
     return g.is_member and hasattr(g._route.native, "allocate")  # the transports that share memory offer it
+
+
+def reads_in_place(nbytes: int, group: ProcessGroup | None = None) -> bool:
+    """Whether an all_reduce of ``nbytes`` bytes of an array from ``shared_zeros`` on
+    ``group`` reads the peers' arrays in place (the group shares memory, and the size is
+    in the range where that is the faster way); elsewhere such an array goes through the
+    transport's slots like any other, and an ordinary array would do as well."""
+    g = resolve(group)
+    if not shares_memory(g):
+        return False
+    low, high = g._route.native.in_place_bytes  # type: ignore[union-attr]
+    return bool(low <= nbytes <= high)
 
 
 def _exchange(group: ProcessGroup, text: str) -> list[str]:

@@ -67,6 +67,9 @@ class ShmCollectives:
         self._state[loops.SLOTS], self._state[loops.BYTES] = arena.slots, arena.chunk
         self._state[loops.SPINS] = arena.spins
         self.all_reduce_up_to = 1 << 62  # the arena is the fastest way at every size
+        #: the sizes (bytes, both included) at which an all_reduce of an array in the shared
+        #: buffers reads the peers' arrays in place
+        self.in_place_bytes = (IN_PLACE_BYTES, IN_PLACE_UP_TO)
         # the most bytes per rank an all_reduce moves the one-slot way (size x ranks at most
         # two chunks and ``SMALL_ALL_REDUCE``)
         self._small_bytes = min(2 * arena.chunk, SMALL_ALL_REDUCE) // arena.world
@@ -138,7 +141,9 @@ class ShmCollectives:
         if 0 < x.nbytes <= self._small_bytes:
             small = self._smalls.get((dt, op)) or self._bind_small(dt, op)
             small(x, deadline, fingerprint, seq)
-        elif IN_PLACE_BYTES <= x.nbytes <= IN_PLACE_UP_TO and (where := self.shared.find(x)) is not None:
+        elif (
+            self.in_place_bytes[0] <= x.nbytes <= self.in_place_bytes[1] and (where := self.shared.find(x)) is not None
+        ):
             buffer, offset = where
             peers = self.shared.peers(x, buffer, offset)
             place, words = self.shared.place(buffer, offset)
