@@ -49,11 +49,14 @@ class Reducer:
         n = len(model.params)
         # A host bucket of a ProcessGroup lives in the memory its ranks share where its
         # all_reduce would then read every rank's bucket in place (the group shares memory,
-        # and the bucket's size is in the range where that is faster). A shared bucket is
-        # never swapped for a gradient of its own (every rank must pass it); the others are
-        # (a bucket of one large weight averages autograd's tensor where it is, no copy).
+        # and the bucket's size is in the range where that is faster) and where its
+        # gradients are copied into it anyway. A shared bucket is never swapped for a
+        # gradient of its own (every rank must pass it): a bucket of one PyTorch parameter,
+        # which averages autograd's fresh tensor where it is, stays an ordinary array (the
+        # copy into a shared bucket would cost more than reading in place saves).
         self.shared = [
             b.device == "cpu"
+            and not (len(b.params) == 1 and model.fresh_gradients)
             and isinstance(group, ProcessGroup)
             and reads_in_place(b.numel * _itemsize(b.dtype), group)
             for b in plan.buckets
