@@ -73,6 +73,15 @@ def test_ddp_buckets_live_in_shared_memory_and_train_like_one_process(tmp_path, 
         assert float(report["difference"]) < 1e-12, report  # type: ignore[arg-type]
 
 
+def test_torch_ddp_shares_the_buckets_it_copies_into_and_not_a_lone_parameters(tmp_path):
+    """A bucket of one PyTorch parameter averages autograd's gradient where it is: it stays
+    an ordinary array even at a size that reads in place; a bucket of two is shared."""
+    got = reports(tmp_path, 2, ferrodist_run("-n", "2", str(SCRIPT), "ddp-torch", str(tmp_path)))
+    for report in got:
+        assert report["buckets"] == [[1, 2096640, False], [2, 2298240, True]], report
+        assert float(report["difference"]) < 1e-12, report  # type: ignore[arg-type]
+
+
 def test_a_rank_with_an_ordinary_array_makes_every_rank_fail_saying_so(tmp_path):
     got = reports(tmp_path, 2, ferrodist_run("-n", "2", str(SCRIPT), "mismatch", str(tmp_path)))
     for report in got:

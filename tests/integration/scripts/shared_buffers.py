@@ -17,6 +17,8 @@ the error it got.
 MODE ddp: ferrodist.ddp.DDP over a ferrodist.nn model with a bucket over the in-place
 threshold: which buckets live in shared memory, and how far three steps are from one
 process on the whole batch.
+MODE ddp-torch: the same over a PyTorch model with a bucket of one parameter and a bucket
+of two, both of a size that reads in place: which buckets live in shared memory.
 MODE hold: after the checks, rank 1 writes its pid to OUTDIR/ready and waits to be killed.
 Each rank writes OUTDIR/rank<R>.json: what it checked.
 """
@@ -107,12 +109,53 @@ def ddp(world: dist.ProcessGroup, rank: int, size: int) -> dict[str, object]:
     }
 
 
+def ddp_torch(world: dist.ProcessGroup, rank: int, size: int) -> dict[str, object]:
+    import torch
+
+    from ferrodist.ddp import DistributedDataParallel
+
+    def model(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        # buckets (caps below): the second layer's one weight (2.1 MB), then the first
+        # layer's weight and bias (2.3 MB); both sizes read in place
+        return torch.nn.Sequential(
+            torch.nn.Linear(512, 560).double(), torch.nn.Tanh(), torch.nn.Linear(560, 468, bias=False).double()
+        )
+
+    rng = np.random.default_rng(5)
+    batches = [
+        (torch.from_numpy(rng.standard_normal((4 * size, 512))), torch.from_numpy(rng.standard_normal((4 * size, 468))))
+        for _ in range(3)
+    ]
+    trained = DistributedDataParallel(model(10 + rank), world, bucket_cap_mb=2.3, first_bucket_cap_mb=1.2)
+    reference = model(10)
+    mine = slice(4 * rank, 4 * (rank + 1))
+    for net, part in ((trained, mine), (reference, slice(None))):
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for x, y in batches:
+            opt.zero_grad()
+            ((net(x[part]) - y[part]) ** 2).mean().backward()
+            opt.step()
+    shared = world._route.native.shared
+    buckets = trained._reducer.plan.buckets
+    flats = trained._reducer.flats
+    got, want = trained.module.state_dict(), reference.state_dict()
+    return {
+        "buckets": [
+            (len(b.params), int(f.nbytes), shared.find(f.numpy() if hasattr(f, "numpy") else f) is not None)
+            for b, f in zip(buckets, flats, strict=True)
+        ],
+        "difference": max(float((got[k] - want[k]).abs().max()) for k in want),
+    }
+
+
 def main() -> None:
     mode, outdir = sys.argv[1], Path(sys.argv[2])
     world = dist.init_process_group("shm")
     rank, size = world.rank, world.size
-    if mode == "ddp":
-        (outdir / f"rank{rank}.json").write_text(json.dumps(ddp(world, rank, size)))
+    if mode in ("ddp", "ddp-torch"):
+        report = ddp(world, rank, size) if mode == "ddp" else ddp_torch(world, rank, size)
+        (outdir / f"rank{rank}.json").write_text(json.dumps(report))
         dist.destroy_process_group()
         return
     if mode in ("mismatch", "places"):
