@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 import numpy as np
 import pytest
 
 import ferrodist.collectives as dist
-from ferrodist.core import InvalidArgument, ReduceOp, host_view
+from ferrodist.core import CollectiveMismatch, InvalidArgument, ReduceOp, host_view
 from ferrodist.testing import run_world
 
 
@@ -112,51 +113,24 @@ def test_a_plan_is_a_frozen_value_that_says_what_it_does():
         dist.destroy_process_group()
 
 
-def test_a_known_small_all_reduce_over_shm_runs_the_bound_collective_with_no_call_made(monkeypatch):
-    """Over shared memory, the plan of a one-slot all_reduce holds the arena's collective
-    bound to its dtype and op; a known call runs it with no ``Call`` object, and back-to-back
-    calls with new data each get every rank's sum. Larger calls keep the general body."""
+def _shm_pair(fn: Any, token: bytes) -> list[Any]:
+    """``fn(group, rank)`` on 2 ranks (threads) of one world over the shm transport; each
+    rank's result or exception."""
     import threading
 
     from _helpers import free_port
-    from ferrodist.collectives import _runner
     from ferrodist.transport import ShmTransport
 
-    made: list[int] = []
-    real = _runner.Call
-
-    def counted(*args: object) -> object:
-        made.append(threading.get_ident())
-        return real(*args)
-
-    monkeypatch.setattr(_runner, "Call", counted)
     port = free_port()
-    out: list[object] = [None, None]
+    out: list[Any] = [None, None]
 
     def rank_main(rank: int) -> None:
         transport = ShmTransport.connect(
-            rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, timeout=30, token=b"bound-test"
+            rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, timeout=30, token=token
         )
         try:
             group = dist.ProcessGroup(transport, range(2), 0, timeout=30, name="world")
-            small, large = np.zeros(1024, np.float32), np.zeros(1 << 20, np.float32)
-            group.all_reduce(small)  # checked and planned
-            group.all_reduce(large)
-            plans = [
-                group._route.known(("all_reduce", a.dtype, a.size, ReduceOp.SUM, None, None)) for a in (small, large)
-            ]
-            before = made.count(threading.get_ident())
-            sums = []
-            for step in range(50):
-                small[...] = np.arange(1024) * (rank + 1) + step
-                group.all_reduce(small)
-                sums.append(bool((small == np.arange(1024) * 3 + 2 * step).all()))
-            out[rank] = (
-                plans[0].native_call is not None,
-                plans[1].native_call is None,
-                sums,
-                made.count(threading.get_ident()) - before,
-            )
+            out[rank] = fn(group, rank)
             group._shutdown(5.0)
         except BaseException as exc:
             out[rank] = exc
@@ -168,9 +142,81 @@ def test_a_known_small_all_reduce_over_shm_runs_the_bound_collective_with_no_cal
         thread.start()
     for thread in threads:
         thread.join(120)
-    for result in out:
+    assert not any(t.is_alive() for t in threads), "a rank was still running after 120 s"
+    return out
+
+
+def test_a_known_small_all_reduce_over_shm_runs_the_bound_collective_with_no_call_made(monkeypatch):
+    """Over shared memory, the plan of a one-slot all_reduce holds the arena's collective
+    bound to its dtype and op; a known call runs it with no ``Call`` object, and back-to-back
+    calls with new data each get every rank's sum. Larger calls keep the general body."""
+    import threading
+
+    from ferrodist.collectives import _runner
+
+    made: list[int] = []
+    real = _runner.Call
+
+    def counted(*args: object) -> object:
+        made.append(threading.get_ident())
+        return real(*args)
+
+    monkeypatch.setattr(_runner, "Call", counted)
+
+    def body(group: dist.ProcessGroup, rank: int) -> Any:
+        small, large = np.zeros(1024, np.float32), np.zeros(1 << 20, np.float32)
+        group.all_reduce(small)  # checked and planned
+        group.all_reduce(large)
+        plans = [group._route.known(("all_reduce", a.dtype, a.size, ReduceOp.SUM, None, None)) for a in (small, large)]
+        before = made.count(threading.get_ident())
+        sums = []
+        for step in range(50):
+            small[...] = np.arange(1024) * (rank + 1) + step
+            group.all_reduce(small)
+            sums.append(bool((small == np.arange(1024) * 3 + 2 * step).all()))
+        calls_made = made.count(threading.get_ident()) - before
+        return plans[0].native_call is not None, plans[1].native_call is None, sums, calls_made
+
+    for result in _shm_pair(body, b"bound-test"):
         assert not isinstance(result, BaseException), result
         bound, general, sums, calls_made = result
         assert bound and general
         assert all(sums), sums
         assert calls_made == 0  # no Call object for the 50 known calls
+
+
+def test_a_small_async_all_reduce_over_shm_runs_at_once_unless_calls_are_ahead_of_it():
+    """``async_op=True`` on a one-slot all_reduce with nothing ahead of it runs on the caller's
+    thread (its work is done when the call returns; no worker is started); behind a queued
+    call it goes to the worker, in order. A failure is the work's, raised by ``wait``."""
+
+    def body(group: dist.ProcessGroup, rank: int) -> Any:
+        small = np.full(256, rank + 1.0, np.float32)
+        group.all_reduce(small)  # planned
+        small[...] = rank + 1.0
+        work = group.all_reduce(small, async_op=True)
+        at_once = (work.is_completed(), group._runner._worker is None, float(small[0]))
+        work.wait()
+        large = np.full(1 << 20, rank + 1.0, np.float32)
+        queued = group.all_reduce(large, async_op=True)  # on the worker
+        small[...] = 10.0 * (rank + 1)
+        behind = group.all_reduce(small, async_op=True)  # behind it: on the worker too
+        behind.wait()
+        queued.wait()
+        in_order = (float(large[0]), float(small[0]))
+        odd = np.ones(256 + 44 * rank, np.float32)  # the ranks disagree on the size
+        failing = group.all_reduce(odd, async_op=True)  # no exception here: the work has it
+        try:
+            failing.wait()
+            error = None
+        except CollectiveMismatch as exc:
+            error = type(exc).__name__
+        return at_once, in_order, error
+
+    results = _shm_pair(body, b"async-test")
+    for result in results:
+        assert not isinstance(result, BaseException), result
+        at_once, in_order, error = result
+        assert at_once == (True, True, 3.0)
+        assert in_order == (3.0, 30.0)
+        assert error == "CollectiveMismatch"

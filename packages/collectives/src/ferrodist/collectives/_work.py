@@ -14,6 +14,10 @@ from ferrodist.transport import Request
 from ._record import record_failure
 from ._timeouts import seconds
 
+#: The event of every work made finished (set once, never cleared).
+_FINISHED = threading.Event()
+_FINISHED.set()
+
 
 class Work:
     """The handle an ``async_op=True`` call returns.
@@ -27,6 +31,13 @@ class Work:
         self._description = description
         self._done = threading.Event()
         self._error: BaseException | None = None
+
+    @classmethod
+    def finished(cls, description: str, error: BaseException | None) -> Work:
+        """The work of a call that has already run (and failed with ``error``, if not None)."""
+        work = cls.__new__(cls)
+        work._description, work._done, work._error = description, _FINISHED, error
+        return work
 
     def _finish(self, error: BaseException | None) -> None:
         self._error = error
