@@ -139,24 +139,37 @@ class Runner:
         """Run a planned call: ``plan.body(call, *arrays)``. With no option that needs the
         general path (async, a timeout of its own, debug mode's comparison of ``shape``), it
         runs here with nothing but the ordering, the deadline and the failure handling around it."""
-        body = plan.body
         if async_op or timeout is not None or self.debug:
             if async_op and timeout is None and not self.debug and plan.native_call is not None:
                 return self._small_async(plan, arrays)
-            return self.launch(
-                plan.operation,
-                lambda call: body(call, *arrays),
-                plan.fingerprint,
-                async_op=async_op,
-                timeout=timeout,
-                shape=shape,
-                route=plan.route,
-            )
+            return self._launch_plan(plan, arrays, async_op, timeout, shape)
         rank = self.rank
         if rank is None or self.closed:
             rank = self.member(plan.operation)  # raises
         self._now(plan, arrays, rank, self.order.issue())
         return None
+
+    def _launch_plan(
+        self,
+        plan: Plan,
+        arrays: tuple[Any, ...],
+        async_op: bool,
+        timeout: Timeout,
+        shape: tuple[int, ...],
+        seq: int | None = None,
+    ) -> Work | None:
+        """``plan`` through ``launch``: its body bound to ``arrays``."""
+        body = plan.body
+        return self.launch(
+            plan.operation,
+            lambda call: body(call, *arrays),
+            plan.fingerprint,
+            async_op=async_op,
+            timeout=timeout,
+            shape=shape,
+            route=plan.route,
+            seq=seq,
+        )
 
     def _small_async(self, plan: Plan, arrays: tuple[Any, ...]) -> Work | None:
         """An ``async_op=True`` call that the transport's own collective runs in one go (its
@@ -170,16 +183,7 @@ class Runner:
         order = self.order
         seq = order.issue()
         if order.turn != seq or order.blocked is not None:
-            body = plan.body
-            return self.launch(
-                plan.operation,
-                lambda call: body(call, *arrays),
-                plan.fingerprint,
-                async_op=True,
-                timeout=None,
-                route=plan.route,
-                seq=seq,
-            )
+            return self._launch_plan(plan, arrays, True, None, (), seq)
         error: FerrodistError | None = None
         try:
             self._now(plan, arrays, rank, seq)
