@@ -5,10 +5,11 @@
 The default torch group has backend "ferrodist"; on it, rank 0 prints the time of one call
 of: ferrodist's own API on a numpy array (``ferrodist.collectives.all_reduce`` on the
 group under the torch group), the same on a torch CPU tensor, ``torch.distributed.all_reduce``
-on the ferrodist group, and the same on a Gloo group of the same ranks, with each one's
-ratio to the first; and what ``torch.distributed.all_reduce`` costs around a backend that
-does nothing (the group's method replaced by one that returns a finished work), which
-every backend written in Python pays. Every way runs ``--passes`` times, in turn; each keeps its fastest
+on the ferrodist group (blocking; with ``async_op=True`` and ``wait()``; and through its
+future), and the same on a Gloo group of the same ranks, with each one's ratio to the
+first; and what ``torch.distributed.all_reduce`` costs around a backend that does nothing
+(the group's method replaced by one that returns a finished work), which every backend
+written in Python pays. Every way runs ``--passes`` times, in turn; each keeps its fastest
 pass (the others' noise on a shared machine only ever adds).
 """
 
@@ -68,6 +69,10 @@ def main() -> int:
         "ferrodist API, numpy": lambda: fd.all_reduce(array, group=group),
         "ferrodist API, torch tensor": lambda: fd.all_reduce(tensor, group=group),
         'torch.distributed, "ferrodist"': lambda: dist.all_reduce(tensor),
+        'torch.distributed, "ferrodist", async_op and wait': lambda: dist.all_reduce(tensor, async_op=True).wait(),
+        'torch.distributed, "ferrodist", async_op and its future': lambda: (
+            dist.all_reduce(tensor, async_op=True).get_future().wait()
+        ),
         "torch.distributed, Gloo": lambda: dist.all_reduce(other, group=gloo),
     }
     done = FerrodistWork.done("allreduce", 0, "none", [tensor])
