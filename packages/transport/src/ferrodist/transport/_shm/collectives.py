@@ -93,8 +93,11 @@ class ShmCollectives:
         return True
 
     def free(self) -> None:
-        """Unmap the group's shared buffers (the arena belongs to the transport)."""
+        """Unmap the group's shared buffers and drop what holds views of the arena (the
+        arena belongs to the transport)."""
         self.shared.close()
+        self._smalls.clear()
+        self._plans.clear()
 
     def allocate(self, nbytes: int, exchange: Exchange) -> Array:
         """``nbytes`` zero bytes (uint8) in memory every rank of the group maps, which the
