@@ -75,7 +75,7 @@ def main() -> int:
         ),
         "torch.distributed, Gloo": lambda: dist.all_reduce(other, group=gloo),
     }
-    done = FerrodistWork.done("allreduce", 0, "none", [tensor])
+    done = FerrodistWork.done("allreduce on no group", [tensor])
     nothing = lambda tensors, opts=None, timeout=None: done  # noqa: E731
     ways["torch.distributed's own share (a backend that does nothing)"] = lambda: _with(ours, nothing, tensor)
     calls = {name: args.calls if "Gloo" not in name else max(args.calls // 50, 20) for name in ways}

@@ -26,10 +26,6 @@ from ._overlap import OverlapChoice
 __all__ = ["Reducer"]
 
 
-def _itemsize(name: str) -> int:
-    return dtype(name).itemsize
-
-
 Hook = Callable[[GradBucket], Work]
 
 
@@ -58,7 +54,7 @@ class Reducer:
             b.device == "cpu"
             and not (len(b.params) == 1 and model.fresh_gradients)
             and isinstance(group, ProcessGroup)
-            and reads_in_place(b.numel * _itemsize(b.dtype), group)
+            and reads_in_place(b.numel * dtype(b.dtype).itemsize, group)
             for b in plan.buckets
         ]
         self.flats = [

@@ -128,7 +128,7 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def _done(self, operation: str, result: list[torch.Tensor]) -> FerrodistWork:
         self._calls += 1
-        return FerrodistWork.done(operation, self._calls, self._description, result)
+        return FerrodistWork.done(f"{operation} #{self._calls} on group {self._description}", result)
 
     # -- reductions -------------------------------------------------------------------------------
     def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None) -> FerrodistWork:  # type: ignore[override]

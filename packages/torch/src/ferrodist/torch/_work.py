@@ -69,6 +69,7 @@ class FerrodistWork(dist._Work):  # type: ignore[misc, name-defined]
     _error: BaseException | None = None
     _future: torch.futures.Future[Any] | None = None
     _trigger: torch.futures.Future[Any] | None = None
+    _lock = threading.Lock()  # a done work's: held only while its future is made
 
     def __init__(
         self,
@@ -82,7 +83,7 @@ class FerrodistWork(dist._Work):  # type: ignore[misc, name-defined]
         source: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()
-        self._description: str | tuple[str, int, str] = description
+        self._description = description
         self._inner = inner
         self._result = result
         self._finish = finish
@@ -94,25 +95,14 @@ class FerrodistWork(dist._Work):  # type: ignore[misc, name-defined]
         self._future: torch.futures.Future[Any] | None = None
         self._trigger: torch.futures.Future[Any] | None = None
 
-    _lock = threading.Lock()  # a done work's: held only while its future is made
-
     @classmethod
-    def done(cls, operation: str, number: int, group: str, result: list[torch.Tensor]) -> FerrodistWork:
-        """The work of call ``number`` of ``group``, which has run and succeeded (made with
-        less than ``__init__`` does: it is made for every blocking call)."""
+    def done(cls, description: str, result: list[torch.Tensor]) -> FerrodistWork:
+        """The work of a call that has run and succeeded (made with less than ``__init__``
+        does: it is made for every blocking call)."""
         work = cls.__new__(cls)
         dist._Work.__init__(work)  # type: ignore[attr-defined]
-        work._description, work._result = (operation, number, group), result  # the rest: the class's
+        work._description, work._result = description, result  # the rest: the class's
         return work
-
-    @property
-    def description(self) -> str:
-        """The call, for messages (``"allreduce #3 on group 0"``)."""
-        known = self._description
-        if isinstance(known, tuple):
-            operation, number, group = known
-            return f"{operation} #{number} on group {group}"
-        return known
 
     def _settle(self, timeout: float | None) -> None:
         """Wait (``timeout`` seconds at most; ``None``: the call's own deadline) for the call
@@ -165,7 +155,7 @@ class FerrodistWork(dist._Work):  # type: ignore[misc, name-defined]
     def _source_rank(self) -> int:
         self._settle(None)
         if self._source is None:
-            raise InvalidArgument(f"{self.description}: only a receive from any source has a source rank")
+            raise InvalidArgument(f"{self._description}: only a receive from any source has a source rank")
         return self._source()
 
     def source_rank(self) -> int:
@@ -209,7 +199,7 @@ class FerrodistWork(dist._Work):  # type: ignore[misc, name-defined]
 
     def __repr__(self) -> str:
         state = "running" if not self._settled else ("failed" if self._error is not None else "done")
-        return f"<FerrodistWork {self.description}: {state}>"
+        return f"<FerrodistWork {self._description}: {state}>"
 
 
 class Completer:
