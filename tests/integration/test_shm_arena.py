@@ -73,11 +73,11 @@ def check_rank_1_names_rank_0(outdir: Path, killed_at: float, outputs: list[str]
     assert (outdir / "error1.json").stat().st_mtime - killed_at < 5
 
 
-@pytest.mark.parametrize("mode", ["pause-after-create", "pause-before-attach"])
+@pytest.mark.parametrize("mode", ["pause-after-create", "late-peer", "pause-before-attach"])
 def test_rank_0_killed_while_the_arena_is_being_shared_leaves_nothing(tmp_path, mode):
     before = ferrodist_files()
     procs = start_ranks(mode, tmp_path)
-    wait_for(tmp_path / ("created" if mode == "pause-after-create" else "published"), procs)
+    wait_for(tmp_path / ("published" if mode == "pause-before-attach" else "created"), procs)
     procs[0].send_signal(signal.SIGKILL)
     procs[0].wait(10)
     killed_at = time.time()

@@ -5,6 +5,9 @@ MODE ok:                  init the shm backend, all_reduce, print "rank R ok".
 MODE pause-after-create:  rank 0 stops for good right after it has made the arena (before
                           it publishes it) and writes OUTDIR/created: the moment a kill
                           used to leave a file in /dev/shm.
+MODE late-peer:           as pause-after-create, and rank 1 waits for OUTDIR/go before it
+                          reads the hosts of the job (its first read of the store), so
+                          it meets rank 0's death there, before it asked for the arena.
 MODE pause-before-attach: rank 1 got rank 0's address but waits for OUTDIR/go before it
                           opens the arena (writing OUTDIR/published first): the test kills
                           rank 0 in between.
@@ -26,6 +29,7 @@ import numpy as np
 import ferrodist.collectives as dist
 from ferrodist.core import FerrodistError
 from ferrodist.transport._shm import transport as shm_transport
+from ferrodist.transport._start.rendezvous import Rendezvous
 from ferrodist.transport._shm.arena import Arena
 
 
@@ -33,7 +37,7 @@ def main() -> None:
     mode, outdir = sys.argv[1], Path(sys.argv[2])
     rank = int(os.environ["RANK"])
     patches = []
-    if mode == "pause-after-create" and rank == 0:
+    if mode in ("pause-after-create", "late-peer") and rank == 0:
         create = Arena.create
 
         def create_then_stop(*args: object, **kwargs: object) -> Arena:
@@ -54,6 +58,15 @@ def main() -> None:
             return open_segment(address, size)
 
         patches.append(mock.patch.object(shm_transport, "open_segment", wait_then_open))
+    if mode == "late-peer" and rank == 1:
+        get = Rendezvous.get
+
+        def late_get(self: Rendezvous, key: str, *args: object) -> bytes:
+            while key.startswith("ferrodist/shm/host/") and not (outdir / "go").exists():
+                time.sleep(0.01)
+            return get(self, key, *args)  # type: ignore[arg-type]
+
+        patches.append(mock.patch.object(Rendezvous, "get", late_get))
     for patch in patches:
         patch.start()
     start = time.monotonic()

@@ -121,16 +121,9 @@ class ShmTransport(TcpTransport):
         every rank with its reason (``rdv``).
         """
         store, rank, world = self.store, self.rank, self.world_size
-        host = this_host()
-        store.set(f"ferrodist/shm/host/{rank}", host, timeout=rdv.left())
-        hosts = {rdv.get(f"ferrodist/shm/host/{r}", r, "said which host it is on").decode() for r in range(world)}
-        if len(hosts) > 1:
-            raise BackendUnavailable(
-                f"rank {rank}: the shm backend needs every rank on one host, but they are on {len(hosts)}; "
-                "use backend='tcp' (or 'auto')"
-            )
         size = Arena.size(world, chunk, slots)
         if rank == 0:
+            self._check_one_host(rdv)
             try:
                 segment = create_segment(size)
             except OSError as exc:
@@ -148,10 +141,13 @@ class ShmTransport(TcpTransport):
             return arena
         what = f"rank {rank}: waiting for rank 0's shared-memory arena"
         try:
+            self._check_one_host(rdv)
             their_chunk, their_slots, address = (
                 rdv.get("ferrodist/shm/segment", 0, "created the shared memory").decode().split(" ", 2)
             )
         except PeerLost as exc:
+            if exc.peer != 0:
+                raise
             raise exc.with_context(f"{what} (rank 0 is gone; see its output for why)", rank=rank) from None
         if (int(their_chunk), int(their_slots)) != (chunk, slots):
             rdv.abort(
@@ -172,6 +168,18 @@ class ShmTransport(TcpTransport):
             os.close(fd)
         store.set(f"ferrodist/shm/attached/{rank}", b"", timeout=rdv.left())
         return arena
+
+    def _check_one_host(self, rdv: Rendezvous) -> None:
+        """Publish this rank's host and raise ``BackendUnavailable`` unless every rank says
+        the same one."""
+        rank, world = self.rank, self.world_size
+        self.store.set(f"ferrodist/shm/host/{rank}", this_host(), timeout=rdv.left())
+        hosts = {rdv.get(f"ferrodist/shm/host/{r}", r, "said which host it is on").decode() for r in range(world)}
+        if len(hosts) > 1:
+            raise BackendUnavailable(
+                f"rank {rank}: the shm backend needs every rank on one host, but they are on {len(hosts)}; "
+                "use backend='tcp' (or 'auto')"
+            )
 
     def _wait_attached(self, rdv: Rendezvous) -> None:
         """Rank 0: return once every other rank has mapped the arena; raise as soon as one
