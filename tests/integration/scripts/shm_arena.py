@@ -29,8 +29,8 @@ import numpy as np
 import ferrodist.collectives as dist
 from ferrodist.core import FerrodistError
 from ferrodist.transport._shm import transport as shm_transport
-from ferrodist.transport._start.rendezvous import Rendezvous
 from ferrodist.transport._shm.arena import Arena
+from ferrodist.transport._start.rendezvous import Rendezvous
 
 
 def main() -> None:
