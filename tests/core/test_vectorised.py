@@ -110,3 +110,35 @@ def test_the_gate_catches_a_run_time_op():
     lines = packed_lines(any_op, np.float32, 4)
     found = {m for line in lines for m in re.findall(r"v?(addp|mulp|divp|cmpp|blendvp)[sd]", line)}
     assert found & ONLY[ReduceOp.SUM][1], found
+
+
+def test_the_shared_memory_loops_round_and_widen_bfloat16_in_packed_simd():
+    """``all_reduce(compress="bf16")`` over shared memory rounds float32 into the slots, folds
+    two ranks' data with this rank's rounded on the fly, and widens the result back: each
+    of those loops must be packed (a scalar one made the compressed call slower than the
+    float32 one it replaces)."""
+    loops = pytest.importorskip("ferrodist.transport._shm.loops")
+
+    @jit(cache=False)
+    def put(dst, src):  # type: ignore[no-untyped-def]
+        loops._put(dst, src)
+
+    @jit(cache=False)
+    def take(dst, src):  # type: ignore[no-untyped-def]
+        loops._take(dst, src)
+
+    @jit(cache=False)
+    def pair(out, mine, other, divisor):  # type: ignore[no-untyped-def]
+        loops._fold_rounded_pair(out, mine, other, divisor)
+
+    bits, values = typeof(np.empty(1, np.uint16)), typeof(np.empty(1, np.float32))
+    for kernel, sig, must in [
+        (put, (bits, values), set()),
+        (take, (values, bits), set()),
+        (pair, (bits, values, bits, types.float64), {"addp", "divp"}),
+    ]:
+        kernel.compile(sig)
+        lines = [line for line in kernel.inspect_asm(sig).splitlines() if PACKED.search(line)]
+        assert len(lines) >= 2, f"{kernel.py_func.__name__}: no packed {REGISTER} instructions"
+        found = {m for line in lines for m in re.findall(r"v?(addp|mulp|divp)[sd]", line)}
+        assert must <= found, f"{kernel.py_func.__name__}: packed {sorted(found)}"

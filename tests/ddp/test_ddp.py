@@ -34,6 +34,7 @@ from ferrodist.core import CollectiveMismatch, InvalidArgument
 from ferrodist.ddp import (
     DDP,
     CheckpointError,
+    GradBucket,
     allreduce,
     bf16_compress,
     fp16_compress,
@@ -41,6 +42,7 @@ from ferrodist.ddp import (
     powersgd,
     save_checkpoint,
 )
+from ferrodist.ddp._models import adapt
 from ferrodist.testing import run_world
 
 LOSS = nn.CrossEntropyLoss
@@ -264,6 +266,23 @@ def test_compression_hooks_stay_within_their_tolerance(hook, tolerance):
     for state in results:
         assert max_difference(state, results[0]) == 0.0  # compressed, but still identical replicas
         assert max_difference(state, ref.state_dict()) <= tolerance
+
+
+def test_bf16_compress_of_a_float32_host_bucket_is_one_compressed_average():
+    """A float32 bucket on the host is averaged by the group's all_reduce(compress="bf16"):
+    the bits of that call (rounded once, averaged in float32, rounded once), and no scaling
+    pass or 16-bit buffer of the hook's own (``bucket.state`` stays empty)."""
+
+    def body():
+        group = default_group()
+        grads = np.linspace(-3, 3, 5000, dtype=np.float32) * (group.rank + 1) / 7
+        bucket = GradBucket(0, grads.copy(), (), (), (), group, adapt(make_model(np.float32)), True)
+        bf16_compress(bucket).wait()
+        want = grads.copy()
+        group.all_reduce(want, "avg", compress="bf16")
+        return bucket.buffer.tobytes() == want.tobytes(), bucket.state
+
+    assert run_world(2, body) == [(True, {}), (True, {})]
 
 
 def train_blobs(hook, epochs=8, size=2):

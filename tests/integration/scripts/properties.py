@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 import ferrodist.collectives as dist
-from ferrodist.core import ALL_DTYPES, InvalidArgument, ReduceOp, reducer
+from ferrodist.core import ALL_DTYPES, InvalidArgument, ReduceOp, bfloat16, reducer
 from ferrodist.core.kernels import wait_for_compiles
 from ferrodist.testing import assert_reduced, ref_all_to_all
 
@@ -156,18 +156,41 @@ def check_subgroups(rank: int, size: int) -> None:
         dist.barrier(group=group)
 
 
+def check_compressed(rank: int, size: int) -> None:
+    """all_reduce(x, op, compress="bf16") of float32 arrays is, to the bit, the same group's
+    all_reduce of x rounded to bfloat16, widened (on shm: the kernels' bits of the rounded
+    inputs too), for every float op and sizes from none to many chunks; each twice on shm,
+    the second time on the compiled loops."""
+    ops = sorted(ReduceOp.__members__.values(), key=lambda o: o.value)
+    for index, n in enumerate([0, 1, 7, 3000, 20_000, 150_001]):
+        for op in (o for o in ops if o in bfloat16.ops):
+            for attempt in range(2 if KERNEL_BITS["on"] else 1):
+                inputs = [values(np.random.default_rng([SEED, 7, index, r]), bfloat16, (n,), op) for r in range(size)]
+                wide = [v.astype(np.float32) + np.float32(1 / 3) for v in inputs]  # bits bfloat16 must round
+                mine, rounded = wide[rank].copy(), wide[rank].astype(bfloat16.numpy)
+                where = f"compressed all_reduce {op.name} of {n} (attempt {attempt})"
+                dist.all_reduce(rounded, op)
+                dist.all_reduce(mine, op, compress="bf16")
+                assert mine.tobytes() == rounded.astype(np.float32).tobytes(), f"{where}: not the rounded call's bits"
+                if KERNEL_BITS["on"] and n:
+                    want = kernel_result([w.astype(bfloat16.numpy) for w in wide], bfloat16, op)
+                    assert rounded.tobytes() == want.tobytes(), f"{where}: not the kernels' bits"
+                if KERNEL_BITS["on"]:
+                    wait_for_compiles(120)
+
+
 def check_options_after_the_fast_path() -> None:
     """A call already validated once takes a fast path on shm and MPI; options it cannot
     honour must still be checked there."""
-    x = np.ones(3, np.float32)
+    x = np.ones(3, np.float64)
     dist.all_reduce(x)
     dist.all_reduce(x)
     try:
         dist.all_reduce(x, compress="bf16")
     except InvalidArgument as exc:
-        assert "CUDA tensors" in str(exc), exc
+        assert "needs a float32 tensor" in str(exc), exc
     else:
-        raise AssertionError("compress='bf16' on a CPU tensor was accepted after the fast path")
+        raise AssertionError("compress='bf16' on a float64 tensor was accepted after the fast path")
 
 
 def check_large_all_reduce_over_mpi(world, rank: int, size: int) -> None:
@@ -210,6 +233,7 @@ def main() -> None:
         if index % 2 == 0:  # even cases pass single arrays: those calls may take a fast path
             run_case(index, kind, dt, op, size, rank, again=True)
     check_subgroups(rank, size)
+    check_compressed(rank, size)
     check_options_after_the_fast_path()
     if backend == "mpi":
         check_large_all_reduce_over_mpi(world, rank, size)

@@ -152,14 +152,12 @@ def device_blocks(blocks: Sequence[Any], dt: DType) -> list[Tensor]:
     return [Tensor.from_device_array(block, dtype=dt) for block in blocks]
 
 
-def wire_dtype(check: Checker, compress: str | None, t: Tensor, dev: Any) -> Any:
+def wire_dtype(check: Checker, compress: str | None, t: Tensor) -> Any:
     """The dtype that travels for ``all_reduce(..., compress=...)``: the tensor's own, or bfloat16."""
     if compress is None:
         return t.dtype
     if compress != "bf16":
         raise check.fail(f"compress={compress!r} is unknown; use compress='bf16' or leave it out")
-    if dev is None:
-        raise check.fail("compress='bf16' applies to CUDA tensors; CPU tensors are reduced at full precision")
     if t.dtype.name != "float32":
         raise check.fail(f"compress='bf16' needs a float32 tensor, not {t.dtype.name}")
     return bfloat16

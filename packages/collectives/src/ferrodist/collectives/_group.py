@@ -251,8 +251,11 @@ class ProcessGroup:
         ``algorithm``: ``"auto"`` (the transport's own all_reduce where it takes the call, else two levels
         across nodes, else recursive doubling up to 64 KiB and a ring above), ``"ring"`` or
         ``"recursive_doubling"``. Every rank ends with identical bits. ``compress="bf16"`` (float32
-        CUDA tensors): convert to bfloat16 on the device, reduce those (float32 accumulation per
-        step), convert back; half the bytes cross PCIe and the network, at bfloat16 precision.
+        tensors): round to bfloat16, all_reduce those (float32 accumulation per step, the
+        result rounded to bfloat16), widen back: half the bytes move, at bfloat16 precision;
+        the same call, to the bit, as an all_reduce of the rounded tensor. CUDA tensors are
+        rounded on the device; over shared memory the rounding happens inside the loop that
+        moves the data, so no pass of its own is made.
 
         Example::
 
@@ -274,7 +277,7 @@ class ProcessGroup:
         reduce_op = check.op(op, t)
         all_reduce_algorithm(t.nbytes, self.size, algorithm, rank=self._global_rank)  # a known name
         engine = self._engine("all_reduce", [t], t.dtype, reduce_op)
-        wire = wire_dtype(check, compress, t, engine)
+        wire = wire_dtype(check, compress, t)
         plan = self._route.plan(
             "all_reduce",
             t.dtype,

@@ -22,6 +22,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from ferrodist.core import DeviceEngine, DType, GroupInfo, ReduceOp, reducer, uint8
+from ferrodist.core.kernels import through_bfloat16
 from ferrodist.transport import NativeCollectives
 
 from ._algorithms import direct, doubling, ring, tree
@@ -131,12 +132,15 @@ class Route:
             fp = fingerprint(operation, dt, count, op, root, direct=direct)
         if engine is not None:
             route, body = engine.name, _device_body(self, engine, operation, op, root, wire)
+        elif wire is not None and wire is not dt:
+            assert op is not None
+            route, body = self.compressed(wire, count, op, algorithm)
         else:
             assert dt is not None or operation == "barrier"
             route, body = self.cpu(operation, dt, count, op, root, algorithm)
         scale = op.divisor(size) if op is not None else 1.0
         native_call = None
-        if route == "transport" and operation == "all_reduce" and self.native is not None:
+        if route == "transport" and operation == "all_reduce" and self.native is not None and wire in (None, dt):
             assert dt is not None and op is not None
             native_call = self.native.bound_all_reduce(dt, op, count)
         return Plan(operation, route, dt, count, op, root, scale, fp, body, native_call)
@@ -165,6 +169,18 @@ class Route:
                 found = _cpu_body(self.native, self.info, operation, dt, count, op, root, algorithm)
             _keep(self._bodies, key, found)
         return found
+
+    def compressed(self, wire: DType, count: int, op: ReduceOp, algorithm: str | None) -> tuple[str, Body]:
+        """A float32 all_reduce on the host sent as ``wire`` (bfloat16): the route of that
+        all_reduce of ``wire``, run on the rounded array and widened back, or the transport's
+        own collective, which rounds and widens inside its loop."""
+        route, body = self.cpu("all_reduce", wire, count, op, None, algorithm)
+        native = self.native
+        if route == "transport" and native is not None:
+            return route, lambda call, x: native.all_reduce_compressed(
+                x, wire, op, call.deadline, call.fingerprint, call.seq
+            )
+        return route, lambda call, x: through_bfloat16(x, lambda bits: body(call, bits))
 
     # -- the device engine ------------------------------------------------------------------------
     def engine(self, dt: DType, op: ReduceOp | None) -> DeviceEngine:

@@ -49,8 +49,17 @@ class Group(Protocol):
         ...
 
     def all_reduce(
-        self, tensor: Any, op: ReduceOp = ReduceOp.SUM, *, async_op: bool = False, timeout: float | None = None
-    ) -> Work | None: ...
+        self,
+        tensor: Any,
+        op: ReduceOp = ReduceOp.SUM,
+        *,
+        async_op: bool = False,
+        timeout: float | None = None,
+        compress: str | None = None,
+    ) -> Work | None:
+        """``compress="bf16"``: a float32 tensor sent and reduced as bfloat16, the result
+        widened back; a group that cannot raises ``InvalidArgument``."""
+        ...
 
     def broadcast(
         self, tensor: Any, src: int = 0, *, async_op: bool = False, timeout: float | None = None

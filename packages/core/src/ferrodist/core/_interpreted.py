@@ -28,7 +28,7 @@ from ._kernels import BAND, BF16, BOR, BXOR, MAX, MIN, PLAIN, PRODUCT, SUM
 
 Array = np.ndarray[Any, Any]
 
-__all__ = ["fold"]
+__all__ = ["bf16_narrow", "bf16_widen", "fold"]
 
 
 def fold(kind: int, opcode: int, divide: bool, dst: Array, srcs: Sequence[Array], divisor: float) -> None:
@@ -44,7 +44,7 @@ def fold(kind: int, opcode: int, divide: bool, dst: Array, srcs: Sequence[Array]
                 acc = acc.astype(np.float64) / divisor  # float32 / float64 in the kernel: float64, rounded once
             dst[...] = acc
             return
-        widen, narrow = (_bf16_widen, _bf16_narrow) if kind == BF16 else (_f16_widen, _f16_narrow)
+        widen, narrow = (bf16_widen, bf16_narrow) if kind == BF16 else (_f16_widen, _f16_narrow)
         acc = widen(srcs[0])
         for src in srcs[1:]:
             acc = _combine(acc, widen(src), opcode)
@@ -72,11 +72,13 @@ def _combine(a: Array, b: Array, opcode: int) -> Array:
     raise ValueError(f"no opcode {opcode}")
 
 
-def _bf16_widen(bits: Array) -> Array:
+def bf16_widen(bits: Array) -> Array:
+    """float32 values of bfloat16 bits (uint16), exactly."""
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def _bf16_narrow(values: Array) -> Array:
+def bf16_narrow(values: Array) -> Array:
+    """bfloat16 bits (uint16) of float32 values, rounded to nearest-even (``_kernels._bf16_store``)."""
     bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
     nan = (bits & 0x7FFFFFFF) > 0x7F800000
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16

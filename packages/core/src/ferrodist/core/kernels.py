@@ -14,6 +14,9 @@
   kernel from Python without ever compiling in the caller's thread; the compile runs on a
   background thread while the caller runs an interpreted path, such as :func:`fold_numpy`
   (what :func:`fold_kernel` computes, in numpy, the same bits).
+- :func:`to_bfloat16`, :func:`from_bfloat16`: float32 arrays to bfloat16 bits and back
+  (twins: compiled, or numpy while compiling); :func:`through_bfloat16`: run a step on the
+  bfloat16 rounding of an array and widen its result back.
 - :class:`Twin`: a compiled loop and its interpreted twin as one callable: the compiled code
   where it is loaded, else the twin while the compile runs in the background; :class:`Later`:
   a family of loops whose compiles are queued after a number of misses.
@@ -30,6 +33,7 @@ Example:
     array([3., 3., 3.])
 """
 
+from ._casts import from_bfloat16, through_bfloat16, to_bfloat16
 from ._compile.background import NotCompiled, Ticket, background, prepare, wait_for_compiles
 from ._compile.jit import copy_into, jit, load_acquire, store_release
 from ._compile.twin import Later, Twin
@@ -80,6 +84,7 @@ __all__ = [
     "finish",
     "fold_kernel",
     "fold_numpy",
+    "from_bfloat16",
     "jit",
     "load",
     "load_acquire",
@@ -89,6 +94,8 @@ __all__ = [
     "reduction_kernels",
     "store",
     "store_release",
+    "through_bfloat16",
+    "to_bfloat16",
     "wait_for_compiles",
     "warm",
 ]

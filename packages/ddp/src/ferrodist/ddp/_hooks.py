@@ -6,7 +6,10 @@ A hook is any callable ``hook(bucket) -> Work``: it starts the exchange of
 
 - ``allreduce`` (the default): one all_reduce with ``ReduceOp.AVG``.
 - ``fp16_compress`` / ``bf16_compress``: scale by 1/size, cast to 16 bits, all_reduce the
-  half-size buffer (float32 accumulation inside ferrodist's reductions), cast back.
+  half-size buffer (float32 accumulation inside ferrodist's reductions), cast back. A
+  float32 bucket on the host goes to ``bf16_compress`` as one ``all_reduce(...,
+  compress="bf16")`` with AVG, which rounds inside the transport's loop (shared memory) or
+  around the call (tcp): no scaling pass, no buffer of its own.
 - ``powersgd(rank=r)``: PowerSGD (Vogels et al., 2019) with error feedback and warm start;
   matrices are sent as two thin factors, vectors uncompressed.
 """
@@ -17,7 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ferrodist.core import Group, ReduceOp, Work
+import numpy as np
+
+from ferrodist.core import Group, ReduceOp, Work, host_view
 
 if TYPE_CHECKING:
     from ._models import Model
@@ -101,6 +106,11 @@ def fp16_compress(bucket: GradBucket) -> Work:
 
 def bf16_compress(bucket: GradBucket) -> Work:
     """Average in bfloat16: half the bytes of float32, float32's range, 8 significant bits."""
+    x = host_view(bucket.buffer)
+    if x is not None and x.dtype == np.float32:  # rounded, averaged and widened by the group
+        work = bucket.group.all_reduce(bucket.buffer, ReduceOp.AVG, async_op=True, compress="bf16")
+        assert work is not None
+        return work
     return _compress(bucket, "bfloat16")
 
 

@@ -94,9 +94,21 @@ class NcclGroup:
 
     # -- collectives -------------------------------------------------------------------------
     def all_reduce(
-        self, tensor: Any, op: ReduceOp | str = ReduceOp.SUM, *, async_op: bool = False, timeout: float | None = None
+        self,
+        tensor: Any,
+        op: ReduceOp | str = ReduceOp.SUM,
+        *,
+        async_op: bool = False,
+        timeout: float | None = None,
+        compress: str | None = None,
     ) -> Work | None:
-        """Reduce ``tensor`` over all ranks, in place on every rank."""
+        """Reduce ``tensor`` over all ranks, in place on every rank. ``compress`` is not
+        offered here (NCCL reduces bfloat16 tensors themselves: cast, reduce, cast back)."""
+        if compress is not None:
+            raise InvalidArgument(
+                f"rank {self.rank}: NcclGroup.all_reduce: compress={compress!r} is not offered; all_reduce a "
+                "bfloat16 copy of the tensor, or use ferrodist.collectives' group, whose CUDA route has it"
+            )
         self._comm.all_reduce(tensor, None, op)
         return self._finish("all_reduce", async_op, timeout)
 

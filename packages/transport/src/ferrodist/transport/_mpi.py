@@ -27,6 +27,7 @@ from ferrodist.core import (
     PeerLost,
     ReduceOp,
 )
+from ferrodist.core.kernels import through_bfloat16
 
 from ._aborts import Aborts, Notice, channel_of
 from ._checks import Buffer, as_bytes, check_match, check_peer, check_sources, check_tag, receive_timeout
@@ -463,6 +464,13 @@ class MpiCollectives:
         self._finish(self._comm.Iallreduce(mpi().IN_PLACE, self._spec(x, dt), self._op(dt, op)), deadline, "all_reduce")
         if op is ReduceOp.AVG:
             np.divide(x, self._size, out=x)
+
+    def all_reduce_compressed(
+        self, x: Buffer, wire: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
+        """``all_reduce`` of ``x`` rounded to ``wire`` (only where ``supports(wire, op)``),
+        widened back into ``x``."""
+        through_bfloat16(x, lambda bits: self.all_reduce(bits, wire, op, deadline, fingerprint, seq))
 
     def bound_all_reduce(self, dt: DType, op: ReduceOp, count: int) -> None:
         """MPI's all_reduce has nothing to bind: the route calls ``all_reduce``."""

@@ -69,6 +69,14 @@ class NativeCollectives(Protocol):
         self, x: Buffer, dt: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
     ) -> None: ...
 
+    def all_reduce_compressed(
+        self, x: Buffer, wire: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
+        """``all_reduce`` of the float32 array ``x`` rounded to ``wire`` (bfloat16), what
+        ``all_reduce`` of the rounded array would do to the bit, the result widened back
+        into ``x``; called where ``supports(wire, op)``."""
+        ...
+
     def bound_all_reduce(self, dt: DType, op: ReduceOp, count: int) -> Callable[[Buffer, float, int, int], None] | None:
         """``all_reduce`` of ``count`` elements of ``dt`` with ``op``, bound to them once:
         ``call(x, deadline, fingerprint, seq)``; None where there is nothing to bind."""

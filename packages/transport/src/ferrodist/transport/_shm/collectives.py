@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ferrodist.core import DType, InvalidArgument, ReduceOp, reducer
-from ferrodist.core.kernels import Twin, pairwise_opcode, plan
+from ferrodist.core import DType, InvalidArgument, ReduceOp, bfloat16, reducer
+from ferrodist.core.kernels import Twin, pairwise_opcode, plan, through_bfloat16
 
 from . import loops, stepwise
 from .arena import Arena
-from .fronts import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, SMALL, SMALL_START, small_first
+from .fronts import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, ROUNDED, SMALL, SMALL_START, small_first
 from .shared import Exchange, Shared
 
 __all__ = ["IN_PLACE", "IN_PLACE_BYTES", "IN_PLACE_UP_TO", "SMALL_ALL_REDUCE", "ShmCollectives"]
@@ -76,11 +76,13 @@ class ShmCollectives:
         # Each collective's compiled loop (driven from Python) and the same protocol step by step.
         self.twins = {
             "all_reduce": Twin(self._chunks_compiled, self._chunks_stepwise),
+            "all_reduce_rounded": Twin(self._rounded_compiled, self._rounded_stepwise),
             "broadcast": Twin(self._broadcast_compiled, self._broadcast_stepwise),
             "all_gather": Twin(self._all_gather_compiled, self._all_gather_stepwise),
             "reduce_scatter": Twin(self._reduce_scatter_compiled, self._reduce_scatter_steps),
         }
         self._chunks = self.twins["all_reduce"].call
+        self._rounded = self.twins["all_reduce_rounded"].call
         self._broadcast = self.twins["broadcast"].call
         self._all_gather = self.twins["all_gather"].call
         self._reduce_scatter = self.twins["reduce_scatter"].call
@@ -159,6 +161,22 @@ class ShmCollectives:
         else:
             self._reduce_chunks(x, dt, op, deadline, fingerprint, seq, root=None)
 
+    def all_reduce_compressed(
+        self, x: Array, wire: DType, op: ReduceOp, deadline: float, fingerprint: int = 0, seq: int = 0
+    ) -> None:
+        """all_reduce of the float32 array ``x`` in bfloat16 (``wire``): what ``all_reduce``
+        of ``x`` rounded to bfloat16 does, on the same path and to the bit (so a rank that
+        passes the rounded array itself meets this call), with the widened result left in
+        ``x``. Above the one-slot size the chunk loop rounds each element on its way into a
+        slot and widens it on its way back (``loops.all_reduce_rounded``): ``x`` is read
+        once and written once, and the slots move half float32's bytes."""
+        if wire is not bfloat16 or x.dtype != np.float32:
+            raise InvalidArgument(f"shared memory: compressed all_reduce is float32 through bfloat16, not {wire.name}")
+        if self._a.world > 1 and 2 * x.shape[0] > self._small_bytes:
+            self._rounded(x, op, deadline, fingerprint, seq)
+        else:
+            through_bfloat16(x, lambda bits: self.all_reduce(bits, wire, op, deadline, fingerprint, seq))
+
     def bound_all_reduce(self, dt: DType, op: ReduceOp, count: int) -> SmallCall | None:
         """An all_reduce of ``count`` elements of ``dt`` with ``op``, bound to them once:
         ``call(x, deadline, fingerprint, seq)`` for a flat array ``x`` of them, which does
@@ -225,21 +243,43 @@ class ShmCollectives:
     def _chunks_compiled(
         self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int, root: int | None
     ) -> None:
-        a = self._a
-        divisor = op.divisor(a.world)
-        view, opcode, _, half = self._small_kind(dt, op)
-        flat, data, words = (x if view is None else x.view(view)), a.data, a.words
-        bulk = x.nbytes > a.chunk
-        state = self._start(fingerprint, seq, opcode, -1 if root is None else root, bulk)
-        state[loops.HALF] = half
-        step = lambda state: ALL_REDUCE(flat, data, words, state, divisor)  # noqa: E731
-        self._resume(step, step(state), deadline, fingerprint, seq, bulk)
+        view = self._small_kind(dt, op)[0]
+        self._drive(ALL_REDUCE, x if view is None else x.view(view), dt, op, deadline, fingerprint, seq, root)
 
     def _chunks_stepwise(
         self, x: Array, dt: DType, op: ReduceOp, deadline: float, fingerprint: int, seq: int, root: int | None
     ) -> None:
         fold = self._fold(dt, op)
         stepwise.all_reduce(self._a, self._health, x, fold, op.divisor(self._a.world), root, deadline, fingerprint, seq)
+
+    def _rounded_compiled(self, x: Array, op: ReduceOp, deadline: float, fingerprint: int, seq: int) -> None:
+        self._drive(ROUNDED, x, bfloat16, op, deadline, fingerprint, seq, None)
+
+    def _rounded_stepwise(self, x: Array, op: ReduceOp, deadline: float, fingerprint: int, seq: int) -> None:
+        through_bfloat16(x, lambda bits: self._chunks_stepwise(bits, bfloat16, op, deadline, fingerprint, seq, None))
+
+    def _drive(
+        self,
+        front: Any,
+        flat: Array,
+        dt: DType,
+        op: ReduceOp,
+        deadline: float,
+        fingerprint: int,
+        seq: int,
+        root: int | None,
+    ) -> None:
+        """Run the chunk loop ``front`` (``loops.all_reduce`` or ``all_reduce_rounded``) over
+        ``flat``, whose elements the slots hold as ``dt``, to the end."""
+        a = self._a
+        divisor = op.divisor(a.world)
+        _, opcode, _, half = self._small_kind(dt, op)
+        data, words = a.data, a.words
+        bulk = flat.shape[0] * dt.itemsize > a.chunk
+        state = self._start(fingerprint, seq, opcode, -1 if root is None else root, bulk)
+        state[loops.HALF] = half
+        step = lambda state: front(flat, data, words, state, divisor)  # noqa: E731
+        self._resume(step, step(state), deadline, fingerprint, seq, bulk)
 
     def _small_kind(self, dt: DType, op: ReduceOp) -> tuple[Any, ...]:
         """(view, opcode, divisor, half) for ``loops.all_reduce_small`` and

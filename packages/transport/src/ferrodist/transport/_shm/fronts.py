@@ -18,6 +18,7 @@ __all__ = [
     "ALL_REDUCE",
     "BROADCAST",
     "REDUCE_SCATTER",
+    "ROUNDED",
     "SMALL",
     "SMALL_START",
     "pipeline_kernels",
@@ -30,6 +31,7 @@ __all__ = [
 SMALL_START = background(loops.all_reduce_small_start)
 SMALL = background(loops.all_reduce_small)
 ALL_REDUCE = background(loops.all_reduce)
+ROUNDED = background(loops.all_reduce_rounded)
 BROADCAST = background(loops.broadcast)
 ALL_GATHER = background(loops.all_gather)
 REDUCE_SCATTER = background(loops.reduce_scatter)

@@ -63,6 +63,7 @@ __all__ = [
     "WAKE",
     "all_gather",
     "all_reduce",
+    "all_reduce_rounded",
     "all_reduce_small",
     "all_reduce_small_start",
     "broadcast",
@@ -233,27 +234,115 @@ def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
     """Run (or resume, from ``state``) the chunk loop of an all_reduce (``root < 0``) or a
     reduce to ``root`` over the flat array ``x``; returns DONE, WAIT, WAKE or MISMATCH.
     float16/bfloat16 (``state[HALF]``, ``x`` their bits) accumulate in float32."""
+    return _chunk_loop(x, x[:0], data, words, state, divisor)
+
+
+@jit
+def all_reduce_rounded(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
+    """:func:`all_reduce` of the float32 array ``x`` rounded to bfloat16 (``state[HALF]`` is
+    BF16): the slots hold bfloat16 and are chunked as a bfloat16 array of ``x``'s length
+    would be, so the ranks exchange what :func:`all_reduce` of ``x``'s rounded bits would,
+    and ``x`` ends with the widened result. ``x`` is read once and written once, each
+    element rounded on its way into a slot and widened on its way back."""
+    return _chunk_loop(x, np.empty(state[BYTES] // 2, np.uint16), data, words, state, divisor)
+
+
+def _put(dst, src):  # type: ignore[no-untyped-def]
+    """``dst`` (a slot's elements) = ``src`` (``x``'s): a copy, or float32 rounded to bfloat16."""
+
+
+@overload(_put, inline="always")
+def _put_typed(dst, src):  # type: ignore[no-untyped-def]
+    if dst.dtype == src.dtype:
+        return lambda dst, src: copy_into(dst, src)
+
+    def rounded(dst, src):  # type: ignore[no-untyped-def]
+        for u in range(np.uint64(dst.shape[0])):
+            dst[u] = store(src[u], BF16)
+
+    return rounded
+
+
+def _take(dst, src):  # type: ignore[no-untyped-def]
+    """``dst`` (``x``'s elements) = ``src`` (a slot's): a copy, or bfloat16 widened to float32."""
+
+
+@overload(_take, inline="always")
+def _take_typed(dst, src):  # type: ignore[no-untyped-def]
+    if dst.dtype == src.dtype:
+        return lambda dst, src: copy_into(dst, src)
+
+    def widened(dst, src):  # type: ignore[no-untyped-def]
+        for u in range(np.uint64(dst.shape[0])):
+            dst[u] = load(src[u], BF16)
+
+    return widened
+
+
+def _fold_rounded_pair(out, mine, other, divisor):  # type: ignore[no-untyped-def]
+    """Two ranks' SUM (or AVG) of float32 ``mine`` rounded to bfloat16 and the bfloat16
+    bits ``other`` into ``out``: what ``_fold_halves_block`` gives for the rounded ``mine``
+    (the sum of two is the same either way round), without a pass to round it first."""
+
+
+@overload(_fold_rounded_pair, inline="always")
+def _fold_rounded_pair_typed(out, mine, other, divisor):  # type: ignore[no-untyped-def]
+    if mine.dtype == out.dtype:  # not a rounded call: never reached
+        return lambda out, mine, other, divisor: None
+
+    def fold(out, mine, other, divisor):  # type: ignore[no-untyped-def]
+        k = np.uint64(out.shape[0])
+        if divisor != 1.0:
+            div = np.float32(divisor)
+            for u in range(k):
+                out[u] = store((load(store(mine[u], BF16), BF16) + load(other[u], BF16)) / div, BF16)
+        else:
+            for u in range(k):
+                out[u] = store(load(store(mine[u], BF16), BF16) + load(other[u], BF16), BF16)
+
+    return fold
+
+
+def _own(part, rounded):  # type: ignore[no-untyped-def]
+    """This rank's source in the fold: its chunk of ``x``, or (``x`` wider than the slots)
+    that chunk rounded into ``rounded``."""
+
+
+@overload(_own, inline="always")
+def _own_typed(part, rounded):  # type: ignore[no-untyped-def]
+    if part.dtype == rounded.dtype:
+        return lambda part, rounded: part
+    return lambda part, rounded: rounded
+
+
+@jit(inline="always")
+def _chunk_loop(x, wire, data, words, state, divisor):  # type: ignore[no-untyped-def]
+    """The body of :func:`all_reduce` (``wire`` is ``x[:0]``) and :func:`all_reduce_rounded`
+    (``wire`` a bfloat16 buffer of a chunk, where this rank's own block is rounded)."""
     me, p, slots, chunk, spins, op, root, fingerprint, number = _params(state)
     n = x.shape[0]
-    per = chunk // x.itemsize
+    per = chunk // wire.itemsize
     lo, g, phase = state[LO], state[CHUNK], state[PHASE]
     gather = root < 0 or root == me
-    half = state[HALF]  # 0, or x holds float16/bfloat16 bits (BF16, F16): float32 accumulation
+    half = state[HALF]  # 0, or the slots hold float16/bfloat16 bits (BF16, F16): float32 accumulation
     acc = np.empty(HALF_BLOCK if half else 0, np.float32)
     while lo < n:
         m = min(per, n - lo)
         s = g % slots
         part = x[lo : lo + m]
-        mine = _slot(data, x, me, s, slots, chunk, m)
+        mine = _slot(data, wire, me, s, slots, chunk, m)
         b0, b1 = _bounds(m, p, me)
+        own = _own(part, wire[:m])
         if phase == 0:
             if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
                 return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
             _claim(words, me, s, fingerprint, number)
             for q in range(p):
+                c0, c1 = _bounds(m, p, q)
                 if q != me:
-                    c0, c1 = _bounds(m, p, q)
-                    copy_into(mine[c0:c1], part[c0:c1])
+                    _put(mine[c0:c1], part[c0:c1])
+                elif wire.itemsize != x.itemsize and not (p == 2 and op == SUM):  # rounded where the fold reads it
+                    _put(own[c0:c1], part[c0:c1])
             phase = 1
             if _advance(words, me, COPIED, g + 1, p):
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
@@ -263,21 +352,23 @@ def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
             if _other_call(words, s, 0, p, fingerprint, number):
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
             out = mine[b0:b1]
-            if half:
-                _fold_halves_block(out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc)
+            if wire.itemsize != x.itemsize and p == 2 and op == SUM:
+                _fold_rounded_pair(out, part[b0:b1], _slot(data, wire, 1 - me, s, slots, chunk, m)[b0:b1], divisor)
+            elif half:
+                _fold_halves_block(out, wire, own, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc)
             else:
-                first = _source(data, x, part, me, 0, s, slots, chunk, m)[b0:b1]
-                second = _source(data, x, part, me, 1, s, slots, chunk, m)[b0:b1]
+                first = _source(data, wire, own, me, 0, s, slots, chunk, m)[b0:b1]
+                second = _source(data, wire, own, me, 1, s, slots, chunk, m)[b0:b1]
                 _fold(out, first, second, op, divisor if p == 2 else 1.0)
                 for q in range(2, p):
                     _fold_in(
                         out,
-                        _source(data, x, part, me, q, s, slots, chunk, m)[b0:b1],
+                        _source(data, wire, own, me, q, s, slots, chunk, m)[b0:b1],
                         op,
                         divisor if q == p - 1 else 1.0,
                     )
             if gather:
-                copy_into(part[b0:b1], out)
+                _take(part[b0:b1], out)
             phase = 2
             if _advance(words, me, REDUCED, g + 1, p):
                 return _stop(state, lo, g, 2, REDUCED, g + 1, s, 0, p, WAKE)
@@ -287,7 +378,7 @@ def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
             for q in range(p):
                 if q != me:
                     c0, c1 = _bounds(m, p, q)
-                    copy_into(part[c0:c1], _slot(data, x, q, s, slots, chunk, m)[c0:c1])
+                    _take(part[c0:c1], _slot(data, wire, q, s, slots, chunk, m)[c0:c1])
         lo += m
         g += 1
         phase = 0
