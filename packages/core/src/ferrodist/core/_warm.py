@@ -45,6 +45,7 @@ def reduction_kernels(dtypes: Iterable[DType], sources: Sequence[int] = SOURCES)
     from ._reduce import plan
 
     items: list[Item] = []
+    dtypes = list(dtypes)
     for dt in dtypes:
         for op in sorted(dt.ops, key=lambda o: o.value):
             if op is ReduceOp.AVG and not dt.is_floating:
@@ -55,6 +56,11 @@ def reduction_kernels(dtypes: Iterable[DType], sources: Sequence[int] = SOURCES)
                 for place in (0,) if k == 1 else (-1, 0, 1) if k == 2 else (-1,):
                     front = background(fold_kernel(kind, opcode, op is ReduceOp.AVG, place))
                     items.append((front, (array, types.UniTuple(array, k), types.float64)))
+    if any(dt.name == "float32" for dt in dtypes) and any(dt.name == "bfloat16" for dt in dtypes):
+        from ._casts import from_bfloat16, to_bfloat16  # compress="bf16" on the host, around a call
+
+        bits, values = typeof(np.zeros(1, np.uint16)), typeof(np.zeros(1, np.float32))
+        items += [(to_bfloat16.front, (bits, values)), (from_bfloat16.front, (values, bits))]
     return items
 
 

@@ -48,7 +48,8 @@ def pipeline_kernels(dtypes: Sequence[DType]) -> list[tuple[Any, tuple[Any, ...]
     types it passes (``prepare``'s and ``warm``'s items): broadcast and all_gather move
     bytes (one loop for every dtype); all_reduce and reduce_scatter run per element type
     (the 16-bit floats as their bits, bool as bytes; reduce_scatter not for the 16-bit
-    floats, which fold step by step)."""
+    floats, which fold step by step; float32's loop through bfloat16 slots where both are
+    listed)."""
     from numba import typeof, types
 
     data, words, state = typeof(np.zeros(1, np.uint8)), typeof(np.zeros(1, np.uint64)), typeof(loops.new_state())
@@ -69,4 +70,6 @@ def pipeline_kernels(dtypes: Sequence[DType]) -> list[tuple[Any, tuple[Any, ...]
         ]
         if pairwise:
             items.append((REDUCE_SCATTER, (x, x, data, words, state, f)))
+    if {"float32", "bfloat16"} <= {dt.name for dt in dtypes}:  # all_reduce(compress="bf16")
+        items.append((ROUNDED, (typeof(np.zeros(1, np.float32)), data, words, state, f)))
     return items
