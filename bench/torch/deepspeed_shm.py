@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from small_call import per_call_us  # this directory's
 
 import ferrodist.collectives as fd
 import ferrodist.torch  # noqa: F401  (registers the backend)
@@ -35,14 +35,6 @@ from ferrodist.torch import FerrodistProcessGroup
 def size_of(text: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20}
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-
-
-def per_call_us(run: Callable[[], object], calls: int) -> float:
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        run()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def main() -> int:
@@ -92,7 +84,7 @@ def main() -> int:
                     run()
             for _ in range(args.passes):
                 for way, run in ways.items():
-                    best[way] = min(best[way], per_call_us(run, calls))
+                    best[way] = min(best[way], per_call_us(run, calls, dist.barrier))
             if rank == 0:
                 cells = " | ".join(f"{best[w]:.1f}" for w in ways)
                 print(

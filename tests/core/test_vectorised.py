@@ -120,12 +120,8 @@ def test_the_shared_memory_loops_round_and_widen_bfloat16_in_packed_simd():
     loops = pytest.importorskip("ferrodist.transport._shm.loops")
 
     @jit(cache=False)
-    def put(dst, src):  # type: ignore[no-untyped-def]
-        loops._put(dst, src)
-
-    @jit(cache=False)
-    def take(dst, src):  # type: ignore[no-untyped-def]
-        loops._take(dst, src)
+    def move(dst, src):  # type: ignore[no-untyped-def]
+        loops._move(dst, src)
 
     @jit(cache=False)
     def pair(out, mine, other, divisor):  # type: ignore[no-untyped-def]
@@ -133,12 +129,12 @@ def test_the_shared_memory_loops_round_and_widen_bfloat16_in_packed_simd():
 
     bits, values = typeof(np.empty(1, np.uint16)), typeof(np.empty(1, np.float32))
     for kernel, sig, must in [
-        (put, (bits, values), set()),
-        (take, (values, bits), set()),
+        (move, (bits, values), set()),  # rounded into a slot
+        (move, (values, bits), set()),  # widened out of one
         (pair, (bits, values, bits, types.float64), {"addp", "divp"}),
     ]:
         kernel.compile(sig)
         lines = [line for line in kernel.inspect_asm(sig).splitlines() if PACKED.search(line)]
-        assert len(lines) >= 2, f"{kernel.py_func.__name__}: no packed {REGISTER} instructions"
+        assert len(lines) >= 2, f"{kernel.py_func.__name__}{sig}: no packed {REGISTER} instructions"
         found = {m for line in lines for m in re.findall(r"v?(addp|mulp|divp)[sd]", line)}
-        assert must <= found, f"{kernel.py_func.__name__}: packed {sorted(found)}"
+        assert must <= found, f"{kernel.py_func.__name__}{sig}: packed {sorted(found)}"

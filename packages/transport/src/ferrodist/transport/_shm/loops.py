@@ -247,30 +247,22 @@ def all_reduce_rounded(x, data, words, state, divisor):  # type: ignore[no-untyp
     return _chunk_loop(x, np.empty(state[BYTES] // 2, np.uint16), data, words, state, divisor)
 
 
-def _put(dst, src):  # type: ignore[no-untyped-def]
-    """``dst`` (a slot's elements) = ``src`` (``x``'s): a copy, or float32 rounded to bfloat16."""
+def _move(dst, src):  # type: ignore[no-untyped-def]
+    """``dst`` = ``src``, between ``x``'s elements and a slot's: a copy, float32 rounded to
+    bfloat16 (into a slot), or bfloat16 widened to float32 (out of one)."""
 
 
-@overload(_put, inline="always")
-def _put_typed(dst, src):  # type: ignore[no-untyped-def]
+@overload(_move, inline="always")
+def _move_typed(dst, src):  # type: ignore[no-untyped-def]
     if dst.dtype == src.dtype:
         return lambda dst, src: copy_into(dst, src)
+    if dst.dtype == types.uint16:
 
-    def rounded(dst, src):  # type: ignore[no-untyped-def]
-        for u in range(np.uint64(dst.shape[0])):
-            dst[u] = store(src[u], BF16)
+        def rounded(dst, src):  # type: ignore[no-untyped-def]
+            for u in range(np.uint64(dst.shape[0])):
+                dst[u] = store(src[u], BF16)
 
-    return rounded
-
-
-def _take(dst, src):  # type: ignore[no-untyped-def]
-    """``dst`` (``x``'s elements) = ``src`` (a slot's): a copy, or bfloat16 widened to float32."""
-
-
-@overload(_take, inline="always")
-def _take_typed(dst, src):  # type: ignore[no-untyped-def]
-    if dst.dtype == src.dtype:
-        return lambda dst, src: copy_into(dst, src)
+        return rounded
 
     def widened(dst, src):  # type: ignore[no-untyped-def]
         for u in range(np.uint64(dst.shape[0])):
@@ -340,9 +332,9 @@ def _chunk_loop(x, wire, data, words, state, divisor):  # type: ignore[no-untype
             for q in range(p):
                 c0, c1 = _bounds(m, p, q)
                 if q != me:
-                    _put(mine[c0:c1], part[c0:c1])
+                    _move(mine[c0:c1], part[c0:c1])
                 elif wire.itemsize != x.itemsize and not (p == 2 and op == SUM):  # rounded where the fold reads it
-                    _put(own[c0:c1], part[c0:c1])
+                    _move(own[c0:c1], part[c0:c1])
             phase = 1
             if _advance(words, me, COPIED, g + 1, p):
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
@@ -368,7 +360,7 @@ def _chunk_loop(x, wire, data, words, state, divisor):  # type: ignore[no-untype
                         divisor if q == p - 1 else 1.0,
                     )
             if gather:
-                _take(part[b0:b1], out)
+                _move(part[b0:b1], out)
             phase = 2
             if _advance(words, me, REDUCED, g + 1, p):
                 return _stop(state, lo, g, 2, REDUCED, g + 1, s, 0, p, WAKE)
@@ -378,7 +370,7 @@ def _chunk_loop(x, wire, data, words, state, divisor):  # type: ignore[no-untype
             for q in range(p):
                 if q != me:
                     c0, c1 = _bounds(m, p, q)
-                    _take(part[c0:c1], _slot(data, wire, q, s, slots, chunk, m)[c0:c1])
+                    _move(part[c0:c1], _slot(data, wire, q, s, slots, chunk, m)[c0:c1])
         lo += m
         g += 1
         phase = 0
