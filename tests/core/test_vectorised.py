@@ -117,15 +117,15 @@ def test_the_shared_memory_loops_round_and_widen_bfloat16_in_packed_simd():
     two ranks' data with this rank's rounded on the fly, and widens the result back: each
     of those loops must be packed (a scalar one made the compressed call slower than the
     float32 one it replaces)."""
-    loops = pytest.importorskip("ferrodist.transport._shm.loops")
+    halves = pytest.importorskip("ferrodist.transport._shm.halves")
 
     @jit(cache=False)
     def move(dst, src):  # type: ignore[no-untyped-def]
-        loops._move(dst, src)
+        halves.move(dst, src)
 
     @jit(cache=False)
     def pair(out, mine, other, divisor):  # type: ignore[no-untyped-def]
-        loops._fold_rounded_pair(out, mine, other, divisor)
+        halves.fold_rounded_pair(out, mine, other, divisor)
 
     bits, values = typeof(np.empty(1, np.uint16)), typeof(np.empty(1, np.float32))
     for kernel, sig, must in [

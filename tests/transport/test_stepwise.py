@@ -11,13 +11,13 @@ import numpy as np
 
 from ferrodist.core import ReduceOp, bfloat16, float16, float32, reducer
 from ferrodist.core.kernels import MAX_FUSED_SOURCES
-from ferrodist.transport._shm import loops, stepwise
+from ferrodist.transport._shm import slots, stepwise
 
 
 def test_the_blocks_of_a_chunk_are_the_compiled_loops_blocks():
     for m in (1, 2, 7, 64, 1000, 1 << 18):
         for p in (1, 2, 3, 4, 7, 9):
-            assert stepwise.split(m, p) == [loops._bounds(m, p, q) for q in range(p)], (m, p)
+            assert stepwise.split(m, p) == [slots.bounds(m, p, q) for q in range(p)], (m, p)
 
 
 def test_more_half_ranks_than_one_kernel_reads_accumulate_in_float32_and_round_once():

@@ -251,11 +251,10 @@ class ProcessGroup:
         ``algorithm``: ``"auto"`` (the transport's own all_reduce where it takes the call, else two levels
         across nodes, else recursive doubling up to 64 KiB and a ring above), ``"ring"`` or
         ``"recursive_doubling"``. Every rank ends with identical bits. ``compress="bf16"`` (float32
-        tensors): round to bfloat16, all_reduce those (float32 accumulation per step, the
-        result rounded to bfloat16), widen back: half the bytes move, at bfloat16 precision;
-        the same call, to the bit, as an all_reduce of the rounded tensor. CUDA tensors are
-        rounded on the device; over shared memory the rounding happens inside the loop that
-        moves the data, so no pass of its own is made.
+        tensors): round to bfloat16, all_reduce those (float32 accumulation per step), widen
+        back: half the bytes move, at bfloat16 precision; to the bit, the all_reduce of the
+        rounded tensor. CUDA tensors are rounded on the device; over shared memory, inside
+        the loop that moves the data.
 
         Example::
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -11,27 +12,22 @@ import numpy as np
 from ._compile.twin import Twin
 from ._dtypes import bfloat16
 from ._interpreted import bf16_narrow, bf16_widen
-from ._kernels import bf16_to_f32, f32_to_bf16
 
 Array = np.ndarray[Any, Any]
 
-__all__ = ["from_bfloat16", "through_bfloat16", "to_bfloat16"]
+__all__ = ["cast_twins", "from_bfloat16", "through_bfloat16", "to_bfloat16"]
 
 
-def _narrow_into(dst: Array, src: Array) -> None:
-    dst[...] = bf16_narrow(src)
+def to_bfloat16(dst: Array, src: Array) -> None:
+    """``dst`` (uint16, flat) = the bfloat16 bits of ``src`` (float32, flat, as long),
+    rounded to nearest-even; a NaN stays a quiet NaN."""
+    cast_twins()[0](dst, src)
 
 
-def _widen_into(dst: Array, src: Array) -> None:
-    dst[...] = bf16_widen(src)
-
-
-#: ``to_bfloat16(dst, src)``: ``dst`` (uint16, flat) = the bfloat16 bits of ``src`` (float32,
-#: flat, as long), rounded to nearest-even; a NaN stays a quiet NaN.
-to_bfloat16 = Twin(f32_to_bf16, _narrow_into)
-#: ``from_bfloat16(dst, src)``: ``dst`` (float32, flat) = the values of the bfloat16 bits
-#: ``src`` (uint16, flat, as long), exactly.
-from_bfloat16 = Twin(bf16_to_f32, _widen_into)
+def from_bfloat16(dst: Array, src: Array) -> None:
+    """``dst`` (float32, flat) = the values of the bfloat16 bits ``src`` (uint16, flat, as
+    long), exactly."""
+    cast_twins()[1](dst, src)
 
 
 def through_bfloat16(x: Array, run: Callable[[Array], None]) -> None:
@@ -41,3 +37,17 @@ def through_bfloat16(x: Array, run: Callable[[Array], None]) -> None:
     to_bfloat16(bits.view(np.uint16), x)
     run(bits)
     from_bfloat16(x, bits.view(np.uint16))
+
+
+@functools.cache
+def cast_twins() -> tuple[Twin, Twin]:
+    """The twins behind ``to_bfloat16`` and ``from_bfloat16``, made at their first use."""
+    from ._kernels import bf16_to_f32, f32_to_bf16
+
+    def narrow_into(dst: Array, src: Array) -> None:
+        dst[...] = bf16_narrow(src)
+
+    def widen_into(dst: Array, src: Array) -> None:
+        dst[...] = bf16_widen(src)
+
+    return Twin(f32_to_bf16, narrow_into), Twin(bf16_to_f32, widen_into)

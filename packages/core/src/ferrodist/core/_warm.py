@@ -57,10 +57,12 @@ def reduction_kernels(dtypes: Iterable[DType], sources: Sequence[int] = SOURCES)
                     front = background(fold_kernel(kind, opcode, op is ReduceOp.AVG, place))
                     items.append((front, (array, types.UniTuple(array, k), types.float64)))
     if any(dt.name == "float32" for dt in dtypes) and any(dt.name == "bfloat16" for dt in dtypes):
-        from ._casts import from_bfloat16, to_bfloat16  # compress="bf16" on the host, around a call
+        from ._casts import cast_twins  # compress="bf16" on the host, around a call
 
+        narrow, widen = cast_twins()
+        assert narrow.front is not None and widen.front is not None  # twins of jit functions
         bits, values = typeof(np.zeros(1, np.uint16)), typeof(np.zeros(1, np.float32))
-        items += [(to_bfloat16.front, (bits, values)), (from_bfloat16.front, (values, bits))]
+        items += [(narrow.front, (bits, values)), (widen.front, (values, bits))]
     return items
 
 

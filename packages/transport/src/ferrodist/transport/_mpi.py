@@ -27,7 +27,6 @@ from ferrodist.core import (
     PeerLost,
     ReduceOp,
 )
-from ferrodist.core.kernels import through_bfloat16
 
 from ._aborts import Aborts, Notice, channel_of
 from ._checks import Buffer, as_bytes, check_match, check_peer, check_sources, check_tag, receive_timeout
@@ -470,6 +469,8 @@ class MpiCollectives:
     ) -> None:
         """``all_reduce`` of ``x`` rounded to ``wire`` (only where ``supports(wire, op)``),
         widened back into ``x``."""
+        from ferrodist.core.kernels import through_bfloat16  # numba's import only where it runs
+
         through_bfloat16(x, lambda bits: self.all_reduce(bits, wire, op, deadline, fingerprint, seq))
 
     def bound_all_reduce(self, dt: DType, op: ReduceOp, count: int) -> None:

@@ -10,6 +10,7 @@ are information unless ``--require`` asks for them.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import threading
@@ -111,6 +112,13 @@ def diagnose(*, nprocs: int, master_addr: str | None, timeout: float) -> dict[st
         except Exception as exc:
             results[name] = {"failed": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__}
 
+    # Several probes import numba and ferrodist's packages; imported here first, no thread
+    # meets a module that another one is half-way through importing.
+    for module in ("numba", "ferrodist.core.kernels", "ferrodist.transport"):
+        try:
+            importlib.import_module(module)
+        except Exception:  # the probe that needs it reports why
+            pass
     threads = {name: threading.Thread(target=run, args=(name, p), daemon=True) for name, p in by_section.items()}
     for thread in threads.values():
         thread.start()

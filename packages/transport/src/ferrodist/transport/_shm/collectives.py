@@ -60,6 +60,7 @@ class ShmCollectives:
         self._plans: dict[tuple[str, int, int], tuple[list[list[Array]], Any, float]] = {}
         self._folds: dict[tuple[DType, ReduceOp], Any] = {}
         self._state = loops.new_state()
+        self._rounding: Array | None = None  # a chunk of bfloat16 for ``loops.all_reduce_rounded``
         self.shared = Shared(arena.rank, arena.world)
         # (dtype, op) -> the one-slot all_reduce bound to them (``_bind_small``)
         self._smalls: dict[tuple[DType, ReduceOp], SmallCall] = {}
@@ -253,7 +254,10 @@ class ShmCollectives:
         stepwise.all_reduce(self._a, self._health, x, fold, op.divisor(self._a.world), root, deadline, fingerprint, seq)
 
     def _rounded_compiled(self, x: Array, op: ReduceOp, deadline: float, fingerprint: int, seq: int) -> None:
-        self._drive(ROUNDED, x, bfloat16, op, deadline, fingerprint, seq, None)
+        if self._rounding is None:
+            self._rounding = np.empty(self._a.chunk // 2, np.uint16)
+        rounding = self._rounding
+        self._drive(ROUNDED, x, bfloat16, op, deadline, fingerprint, seq, None, rounding)
 
     def _rounded_stepwise(self, x: Array, op: ReduceOp, deadline: float, fingerprint: int, seq: int) -> None:
         through_bfloat16(x, lambda bits: self._chunks_stepwise(bits, bfloat16, op, deadline, fingerprint, seq, None))
@@ -268,9 +272,11 @@ class ShmCollectives:
         fingerprint: int,
         seq: int,
         root: int | None,
+        *extra: Array,
     ) -> None:
-        """Run the chunk loop ``front`` (``loops.all_reduce`` or ``all_reduce_rounded``) over
-        ``flat``, whose elements the slots hold as ``dt``, to the end."""
+        """Run the chunk loop ``front`` (``loops.all_reduce``, or ``all_reduce_rounded`` with
+        its buffer in ``extra``) over ``flat``, whose elements the slots hold as ``dt``, to
+        the end."""
         a = self._a
         divisor = op.divisor(a.world)
         _, opcode, _, half = self._small_kind(dt, op)
@@ -278,7 +284,7 @@ class ShmCollectives:
         bulk = flat.shape[0] * dt.itemsize > a.chunk
         state = self._start(fingerprint, seq, opcode, -1 if root is None else root, bulk)
         state[loops.HALF] = half
-        step = lambda state: front(flat, data, words, state, divisor)  # noqa: E731
+        step = lambda state: front(flat, *extra, data, words, state, divisor)  # noqa: E731
         self._resume(step, step(state), deadline, fingerprint, seq, bulk)
 
     def _small_kind(self, dt: DType, op: ReduceOp) -> tuple[Any, ...]:

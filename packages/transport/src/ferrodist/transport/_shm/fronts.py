@@ -71,5 +71,7 @@ def pipeline_kernels(dtypes: Sequence[DType]) -> list[tuple[Any, tuple[Any, ...]
         if pairwise:
             items.append((REDUCE_SCATTER, (x, x, data, words, state, f)))
     if {"float32", "bfloat16"} <= {dt.name for dt in dtypes}:  # all_reduce(compress="bf16")
-        items.append((ROUNDED, (typeof(np.zeros(1, np.float32)), data, words, state, f)))
+        items.append(
+            (ROUNDED, (typeof(np.zeros(1, np.float32)), typeof(np.zeros(1, np.uint16)), data, words, state, f))
+        )
     return items

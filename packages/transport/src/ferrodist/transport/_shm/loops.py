@@ -19,7 +19,8 @@ stopped in ``state``; the caller does what needs Python (a futex sleep bounded b
 deadline, a health check, a wake-up, the error) and calls it again.
 
 Sources are folded two at a time in the array's own precision, which gives the same bits
-as the reduction kernels (so this loop serves every dtype but float16/bfloat16).
+as the reduction kernels; float16/bfloat16, and float32 sent as bfloat16, fold through
+``halves``. Where a chunk lies in the slots is ``slots``'.
 """
 
 from __future__ import annotations
@@ -34,25 +35,22 @@ from numba.extending import overload
 
 from ferrodist.core.kernels import (
     BAND,
-    BF16,
     BOR,
     BXOR,
-    F16,
     MAX,
     MIN,
     PLAIN,
     PRODUCT,
     SUM,
-    combine,
     copy_into,
     fold_kernel,
     jit,
-    load,
-    store,
     store_release,
 )
 
 from .arena import CALL, CALL_NUMBER, COPIED, COUNTERS, GATHERED, LINE, REDUCED
+from .halves import HALF_BLOCK, fold_halves_block, fold_rounded_pair, move, own_source
+from .slots import bounds, slot, source
 from .spin import first_different, publish, spin_until
 
 __all__ = [
@@ -162,25 +160,6 @@ def _fold_in_typed(out, b, op, divisor):  # type: ignore[no-untyped-def]
 
 
 @jit(inline="always")
-def _bounds(m, p, q):  # type: ignore[no-untyped-def]
-    """Rank q's block of an m-element chunk (the split of ``stepwise.split``)."""
-    base, extra = m // p, m % p
-    start = q * base + min(q, extra)
-    return start, start + base + (1 if q < extra else 0)
-
-
-@jit(inline="always")
-def _slot(data, x, q, s, slots, chunk, m):  # type: ignore[no-untyped-def]
-    start = (q * slots + s) * chunk
-    return data[start : start + m * x.itemsize].view(x.dtype)
-
-
-@jit(inline="always")
-def _source(data, x, part, me, q, s, slots, chunk, m):  # type: ignore[no-untyped-def]
-    return part if q == me else _slot(data, x, q, s, slots, chunk, m)
-
-
-@jit(inline="always")
 def _advance(words, me, which, value, p):  # type: ignore[no-untyped-def]
     """Publish this rank's counter; True if a rank may be asleep and needs waking."""
     return publish(words, (me * COUNTERS + which) * _WORDS, value, _STRIDE, which * _WORDS + 1, p)
@@ -238,73 +217,15 @@ def all_reduce(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
 
 
 @jit
-def all_reduce_rounded(x, data, words, state, divisor):  # type: ignore[no-untyped-def]
+def all_reduce_rounded(x, rounded, data, words, state, divisor):  # type: ignore[no-untyped-def]
     """:func:`all_reduce` of the float32 array ``x`` rounded to bfloat16 (``state[HALF]`` is
     BF16): the slots hold bfloat16 and are chunked as a bfloat16 array of ``x``'s length
     would be, so the ranks exchange what :func:`all_reduce` of ``x``'s rounded bits would,
     and ``x`` ends with the widened result. ``x`` is read once and written once, each
-    element rounded on its way into a slot and widened on its way back."""
-    return _chunk_loop(x, np.empty(state[BYTES] // 2, np.uint16), data, words, state, divisor)
-
-
-def _move(dst, src):  # type: ignore[no-untyped-def]
-    """``dst`` = ``src``, between ``x``'s elements and a slot's: a copy, float32 rounded to
-    bfloat16 (into a slot), or bfloat16 widened to float32 (out of one)."""
-
-
-@overload(_move, inline="always")
-def _move_typed(dst, src):  # type: ignore[no-untyped-def]
-    if dst.dtype == src.dtype:
-        return lambda dst, src: copy_into(dst, src)
-    if dst.dtype == types.uint16:
-
-        def rounded(dst, src):  # type: ignore[no-untyped-def]
-            for u in range(np.uint64(dst.shape[0])):
-                dst[u] = store(src[u], BF16)
-
-        return rounded
-
-    def widened(dst, src):  # type: ignore[no-untyped-def]
-        for u in range(np.uint64(dst.shape[0])):
-            dst[u] = load(src[u], BF16)
-
-    return widened
-
-
-def _fold_rounded_pair(out, mine, other, divisor):  # type: ignore[no-untyped-def]
-    """Two ranks' SUM (or AVG) of float32 ``mine`` rounded to bfloat16 and the bfloat16
-    bits ``other`` into ``out``: what ``_fold_halves_block`` gives for the rounded ``mine``
-    (the sum of two is the same either way round), without a pass to round it first."""
-
-
-@overload(_fold_rounded_pair, inline="always")
-def _fold_rounded_pair_typed(out, mine, other, divisor):  # type: ignore[no-untyped-def]
-    if mine.dtype == out.dtype:  # not a rounded call: never reached
-        return lambda out, mine, other, divisor: None
-
-    def fold(out, mine, other, divisor):  # type: ignore[no-untyped-def]
-        k = np.uint64(out.shape[0])
-        if divisor != 1.0:
-            div = np.float32(divisor)
-            for u in range(k):
-                out[u] = store((load(store(mine[u], BF16), BF16) + load(other[u], BF16)) / div, BF16)
-        else:
-            for u in range(k):
-                out[u] = store(load(store(mine[u], BF16), BF16) + load(other[u], BF16), BF16)
-
-    return fold
-
-
-def _own(part, rounded):  # type: ignore[no-untyped-def]
-    """This rank's source in the fold: its chunk of ``x``, or (``x`` wider than the slots)
-    that chunk rounded into ``rounded``."""
-
-
-@overload(_own, inline="always")
-def _own_typed(part, rounded):  # type: ignore[no-untyped-def]
-    if part.dtype == rounded.dtype:
-        return lambda part, rounded: part
-    return lambda part, rounded: rounded
+    element rounded on its way into a slot and widened on its way back. ``rounded``: a
+    chunk's bfloat16 elements (uint16), the caller's, kept across the loop's returns: this
+    rank's own block, rounded before the peers are waited for, is folded from there."""
+    return _chunk_loop(x, rounded, data, words, state, divisor)
 
 
 @jit(inline="always")
@@ -322,19 +243,19 @@ def _chunk_loop(x, wire, data, words, state, divisor):  # type: ignore[no-untype
         m = min(per, n - lo)
         s = g % slots
         part = x[lo : lo + m]
-        mine = _slot(data, wire, me, s, slots, chunk, m)
-        b0, b1 = _bounds(m, p, me)
-        own = _own(part, wire[:m])
+        mine = slot(data, wire, me, s, slots, chunk, m)
+        b0, b1 = bounds(m, p, me)
+        own = own_source(part, wire[:m])
         if phase == 0:
             if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
                 return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
             _claim(words, me, s, fingerprint, number)
             for q in range(p):
-                c0, c1 = _bounds(m, p, q)
+                c0, c1 = bounds(m, p, q)
                 if q != me:
-                    _move(mine[c0:c1], part[c0:c1])
+                    move(mine[c0:c1], part[c0:c1])
                 elif wire.itemsize != x.itemsize and not (p == 2 and op == SUM):  # rounded where the fold reads it
-                    _move(own[c0:c1], part[c0:c1])
+                    move(own[c0:c1], part[c0:c1])
             phase = 1
             if _advance(words, me, COPIED, g + 1, p):
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
@@ -345,22 +266,22 @@ def _chunk_loop(x, wire, data, words, state, divisor):  # type: ignore[no-untype
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
             out = mine[b0:b1]
             if wire.itemsize != x.itemsize and p == 2 and op == SUM:
-                _fold_rounded_pair(out, part[b0:b1], _slot(data, wire, 1 - me, s, slots, chunk, m)[b0:b1], divisor)
+                fold_rounded_pair(out, part[b0:b1], slot(data, wire, 1 - me, s, slots, chunk, m)[b0:b1], divisor)
             elif half:
-                _fold_halves_block(out, wire, own, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc)
+                fold_halves_block(out, wire, own, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc)
             else:
-                first = _source(data, wire, own, me, 0, s, slots, chunk, m)[b0:b1]
-                second = _source(data, wire, own, me, 1, s, slots, chunk, m)[b0:b1]
+                first = source(data, wire, own, me, 0, s, slots, chunk, m)[b0:b1]
+                second = source(data, wire, own, me, 1, s, slots, chunk, m)[b0:b1]
                 _fold(out, first, second, op, divisor if p == 2 else 1.0)
                 for q in range(2, p):
                     _fold_in(
                         out,
-                        _source(data, wire, own, me, q, s, slots, chunk, m)[b0:b1],
+                        source(data, wire, own, me, q, s, slots, chunk, m)[b0:b1],
                         op,
                         divisor if q == p - 1 else 1.0,
                     )
             if gather:
-                _move(part[b0:b1], out)
+                move(part[b0:b1], out)
             phase = 2
             if _advance(words, me, REDUCED, g + 1, p):
                 return _stop(state, lo, g, 2, REDUCED, g + 1, s, 0, p, WAKE)
@@ -369,97 +290,14 @@ def _chunk_loop(x, wire, data, words, state, divisor):  # type: ignore[no-untype
                 return _stop(state, lo, g, 2, REDUCED, g + 1, s, 0, p, WAIT)
             for q in range(p):
                 if q != me:
-                    c0, c1 = _bounds(m, p, q)
-                    _move(part[c0:c1], _slot(data, wire, q, s, slots, chunk, m)[c0:c1])
+                    c0, c1 = bounds(m, p, q)
+                    move(part[c0:c1], slot(data, wire, q, s, slots, chunk, m)[c0:c1])
         lo += m
         g += 1
         phase = 0
         if _advance(words, me, GATHERED, g, p):
             return _stop(state, lo, g, 0, GATHERED, g, s, 0, p, WAKE)
     return _stop(state, lo, g, 0, 0, 0, 0, 0, 0, DONE)
-
-
-#: Elements per float32 accumulator block of the large float16/bfloat16 fold.
-HALF_BLOCK = 2048
-
-
-def _fold_halves_block(out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc):  # type: ignore[no-untyped-def]
-    """``out`` = block b0:b1 of every rank's chunk (this rank's from ``part``, the others'
-    from their slots), 16-bit float bits combined in float32 in rank order and rounded
-    once, ``HALF_BLOCK`` elements at a time: the fused kernels' bits. Typed by the overload
-    below: arrays of other dtypes never take this path."""
-
-
-@overload(_fold_halves_block)
-def _fold_halves_block_typed(out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc):  # type: ignore[no-untyped-def]
-    if not isinstance(out, types.Array) or out.dtype != types.uint16:
-        return lambda out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc: None
-
-    def fold(out, x, part, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc):  # type: ignore[no-untyped-def]
-        # The loops are written out per type and per division on purpose: with ``half`` or
-        # the division tested inside one loop, LLVM kept the test in the loop and a 64 MiB
-        # bfloat16 all_reduce took 70 ms instead of 17.
-        if p == 2 and op == SUM:  # one fused pass, as fast as the kernels
-            a = _source(data, x, part, me, 0, s, slots, chunk, m)[b0:b1]
-            b = _source(data, x, part, me, 1, s, slots, chunk, m)[b0:b1]
-            div = np.float32(divisor)
-            k = np.uint64(b1 - b0)
-            if half == BF16:
-                if divisor != 1.0:
-                    for u in range(k):
-                        out[u] = store((load(a[u], BF16) + load(b[u], BF16)) / div, BF16)
-                else:
-                    for u in range(k):
-                        out[u] = store(load(a[u], BF16) + load(b[u], BF16), BF16)
-            elif divisor != 1.0:
-                for u in range(k):
-                    out[u] = store((load(a[u], F16) + load(b[u], F16)) / div, F16)
-            else:
-                for u in range(k):
-                    out[u] = store(load(a[u], F16) + load(b[u], F16), F16)
-            return
-        for lo in range(b0, b1, HALF_BLOCK):
-            hi = min(lo + HALF_BLOCK, b1)
-            k = np.uint64(hi - lo)
-            first = _source(data, x, part, me, 0, s, slots, chunk, m)[lo:hi]
-            if half == BF16:
-                for u in range(k):
-                    acc[u] = load(first[u], BF16)
-            else:
-                for u in range(k):
-                    acc[u] = load(first[u], F16)
-            for q in range(1, p):
-                src = _source(data, x, part, me, q, s, slots, chunk, m)[lo:hi]
-                if half == BF16:
-                    if op == SUM:  # the common op gets a loop of its own, which vectorises
-                        for u in range(k):
-                            acc[u] += load(src[u], BF16)
-                    else:
-                        for u in range(k):
-                            acc[u] = combine(acc[u], load(src[u], BF16), op)
-                elif op == SUM:
-                    for u in range(k):
-                        acc[u] += load(src[u], F16)
-                else:
-                    for u in range(k):
-                        acc[u] = combine(acc[u], load(src[u], F16), op)
-            o = out[lo - b0 : hi - b0]
-            div = np.float32(divisor)
-            if half == BF16:
-                if divisor != 1.0:
-                    for u in range(k):
-                        o[u] = store(acc[u] / div, BF16)
-                else:
-                    for u in range(k):
-                        o[u] = store(acc[u], BF16)
-            elif divisor != 1.0:
-                for u in range(k):
-                    o[u] = store(acc[u] / div, F16)
-            else:
-                for u in range(k):
-                    o[u] = store(acc[u], F16)
-
-    return fold
 
 
 @jit
@@ -475,7 +313,7 @@ def all_reduce_small(x, data, words, state, divisor):  # type: ignore[no-untyped
         if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
             return _stop(state, 0, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
         _claim(words, me, s, fingerprint, number)
-        copy_into(_slot(data, x, me, s, slots, chunk, n), x)
+        copy_into(slot(data, x, me, s, slots, chunk, n), x)
         phase = 1
         if _advance(words, me, COPIED, g + 1, p):
             return _stop(state, 0, g, 1, COPIED, g + 1, s, 0, p, WAKE)
@@ -486,13 +324,13 @@ def all_reduce_small(x, data, words, state, divisor):  # type: ignore[no-untyped
             return _stop(state, 0, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
         if state[HALF]:  # every rank's slot, its own included, into x, a block at a time
             acc = np.empty(0 if p == 2 and op == SUM else HALF_BLOCK, np.float32)
-            own = _slot(data, x, me, s, slots, chunk, n)
-            _fold_halves_block(x, x, own, data, me, s, slots, chunk, n, 0, n, p, op, divisor, state[HALF], acc)
+            own = slot(data, x, me, s, slots, chunk, n)
+            fold_halves_block(x, x, own, data, me, s, slots, chunk, n, 0, n, p, op, divisor, state[HALF], acc)
         else:
-            first = _slot(data, x, 0, s, slots, chunk, n)
-            _fold(x, first, _slot(data, x, 1, s, slots, chunk, n), op, divisor if p == 2 else 1.0)
+            first = slot(data, x, 0, s, slots, chunk, n)
+            _fold(x, first, slot(data, x, 1, s, slots, chunk, n), op, divisor if p == 2 else 1.0)
             for q in range(2, p):
-                _fold_in(x, _slot(data, x, q, s, slots, chunk, n), op, divisor if q == p - 1 else 1.0)
+                _fold_in(x, slot(data, x, q, s, slots, chunk, n), op, divisor if q == p - 1 else 1.0)
         g += 1
         if _advance(words, me, GATHERED, g, p):
             return _stop(state, n, g, 2, GATHERED, g, s, 0, p, WAKE)
@@ -527,7 +365,7 @@ def broadcast(x, data, words, state):  # type: ignore[no-untyped-def]
                 return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
             _claim(words, me, s, fingerprint, number)
             if me == root:
-                copy_into(_slot(data, x, me, s, slots, chunk, m), part)
+                copy_into(slot(data, x, me, s, slots, chunk, m), part)
             phase = 1
             if _advance(words, me, COPIED, g + 1, p):  # the root: the chunk is there; others: arrived
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, WAKE)
@@ -537,7 +375,7 @@ def broadcast(x, data, words, state):  # type: ignore[no-untyped-def]
                     return _stop(state, lo, g, 1, COPIED, g + 1, s, root, root + 1, WAIT)
                 if _other_call(words, s, root, root + 1, fingerprint, number):
                     return _stop(state, lo, g, 1, COPIED, g + 1, s, root, root + 1, MISMATCH)
-                copy_into(part, _slot(data, x, root, s, slots, chunk, m))
+                copy_into(part, slot(data, x, root, s, slots, chunk, m))
             phase = 2
         if lo + m >= n:  # the last chunk: every rank is in this very call
             if not _reached(words, COPIED, g + 1, 0, p, spins):
@@ -568,7 +406,7 @@ def all_gather(x, out, data, words, state):  # type: ignore[no-untyped-def]
             if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
                 return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
             _claim(words, me, s, fingerprint, number)
-            copy_into(_slot(data, x, me, s, slots, chunk, m), part)
+            copy_into(slot(data, x, me, s, slots, chunk, m), part)
             copy_into(out[me * n + lo : me * n + lo + m], part)  # from cache, just read
             phase = 1
             if _advance(words, me, COPIED, g + 1, p):
@@ -579,7 +417,7 @@ def all_gather(x, out, data, words, state):  # type: ignore[no-untyped-def]
             return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
         for q in range(p):
             if q != me:
-                copy_into(out[q * n + lo : q * n + lo + m], _slot(data, x, q, s, slots, chunk, m))
+                copy_into(out[q * n + lo : q * n + lo + m], slot(data, x, q, s, slots, chunk, m))
         lo += m
         g += 1
         phase = 0
@@ -604,7 +442,7 @@ def reduce_scatter(blocks, out, data, words, state, divisor):  # type: ignore[no
             if g >= slots and not _reached(words, GATHERED, g - slots + 1, 0, p, spins):
                 return _stop(state, lo, g, 0, GATHERED, g - slots + 1, s, 0, p, WAIT)
             _claim(words, me, s, fingerprint, number)
-            mine = _slot(data, out, me, s, slots, chunk, m * p)
+            mine = slot(data, out, me, s, slots, chunk, m * p)
             for q in range(p):  # slot layout: the contribution to rank q at q*m
                 if q != me:
                     copy_into(mine[q * m : (q + 1) * m], blocks[q * n + lo : q * n + lo + m])
@@ -617,11 +455,11 @@ def reduce_scatter(blocks, out, data, words, state, divisor):  # type: ignore[no
             return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
         own = blocks[me * n + lo : me * n + lo + m]
         target = out[lo : lo + m]
-        first = own if me == 0 else _slot(data, out, 0, s, slots, chunk, m * p)[me * m : (me + 1) * m]
-        second = own if me == 1 else _slot(data, out, 1, s, slots, chunk, m * p)[me * m : (me + 1) * m]
+        first = own if me == 0 else slot(data, out, 0, s, slots, chunk, m * p)[me * m : (me + 1) * m]
+        second = own if me == 1 else slot(data, out, 1, s, slots, chunk, m * p)[me * m : (me + 1) * m]
         _fold(target, first, second, op, divisor if p == 2 else 1.0)
         for q in range(2, p):
-            src = own if q == me else _slot(data, out, q, s, slots, chunk, m * p)[me * m : (me + 1) * m]
+            src = own if q == me else slot(data, out, q, s, slots, chunk, m * p)[me * m : (me + 1) * m]
             _fold_in(target, src, op, divisor if q == p - 1 else 1.0)
         lo += m
         g += 1

@@ -48,7 +48,7 @@ Fold = Callable[[Array, list[Array], float], None]
 
 def split(count: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` consecutive (start, stop) ranges covering ``count`` (sizes differ by at
-    most 1; ``loops._bounds``)."""
+    most 1; ``slots.bounds``)."""
     base, extra = divmod(count, parts)
     bounds, start = [], 0
     for i in range(parts):
