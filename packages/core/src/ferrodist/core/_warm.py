@@ -56,7 +56,7 @@ def reduction_kernels(dtypes: Iterable[DType], sources: Sequence[int] = SOURCES)
                 for place in (0,) if k == 1 else (-1, 0, 1) if k == 2 else (-1,):
                     front = background(fold_kernel(kind, opcode, op is ReduceOp.AVG, place))
                     items.append((front, (array, types.UniTuple(array, k), types.float64)))
-    if any(dt.name == "float32" for dt in dtypes) and any(dt.name == "bfloat16" for dt in dtypes):
+    if {"float32", "bfloat16"} <= {dt.name for dt in dtypes}:
         from ._casts import cast_twins  # compress="bf16" on the host, around a call
 
         narrow, widen = cast_twins()

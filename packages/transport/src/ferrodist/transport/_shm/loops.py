@@ -239,6 +239,8 @@ def _chunk_loop(x, wire, data, words, state, divisor):  # type: ignore[no-untype
     gather = root < 0 or root == me
     half = state[HALF]  # 0, or the slots hold float16/bfloat16 bits (BF16, F16): float32 accumulation
     acc = np.empty(HALF_BLOCK if half else 0, np.float32)
+    rounded = wire.itemsize != x.itemsize  # x is float32, the slots bfloat16
+    pair = rounded and p == 2 and op == SUM  # this rank's block rounded inside the fold
     while lo < n:
         m = min(per, n - lo)
         s = g % slots
@@ -254,7 +256,7 @@ def _chunk_loop(x, wire, data, words, state, divisor):  # type: ignore[no-untype
                 c0, c1 = bounds(m, p, q)
                 if q != me:
                     move(mine[c0:c1], part[c0:c1])
-                elif wire.itemsize != x.itemsize and not (p == 2 and op == SUM):  # rounded where the fold reads it
+                elif rounded and not pair:  # rounded where the fold reads it
                     move(own[c0:c1], part[c0:c1])
             phase = 1
             if _advance(words, me, COPIED, g + 1, p):
@@ -265,7 +267,7 @@ def _chunk_loop(x, wire, data, words, state, divisor):  # type: ignore[no-untype
             if _other_call(words, s, 0, p, fingerprint, number):
                 return _stop(state, lo, g, 1, COPIED, g + 1, s, 0, p, MISMATCH)
             out = mine[b0:b1]
-            if wire.itemsize != x.itemsize and p == 2 and op == SUM:
+            if pair:
                 fold_rounded_pair(out, part[b0:b1], slot(data, wire, 1 - me, s, slots, chunk, m)[b0:b1], divisor)
             elif half:
                 fold_halves_block(out, wire, own, data, me, s, slots, chunk, m, b0, b1, p, op, divisor, half, acc)
