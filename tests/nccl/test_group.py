@@ -103,6 +103,13 @@ def test_blocking_calls_wait_and_async_calls_return_work():
     assert log[-1] == ("broadcast", 0x20, None, 2)
 
 
+def test_compress_is_refused_before_any_nccl_call():
+    group, log = make()
+    with pytest.raises(InvalidArgument, match=r"rank 1: NcclGroup.all_reduce: compress='bf16' is not offered"):
+        group.all_reduce(buf(0x10), ReduceOp.SUM, compress="bf16")
+    assert log == []
+
+
 def test_all_gather_into_one_array_is_one_nccl_all_gather():
     group, log = make()
     group.all_gather(buf(0x100, 6), buf(0x10))
