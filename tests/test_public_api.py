@@ -21,6 +21,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "DeviceMessages",
         "EngineCall",
         "EngineProvider",
+        "Excluded",
         "GroupInfo",
         "HostMessages",
         "HostRoute",

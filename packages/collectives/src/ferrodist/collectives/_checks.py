@@ -161,3 +161,17 @@ def wire_dtype(check: Checker, compress: str | None, t: Tensor) -> Any:
     if t.dtype.name != "float32":
         raise check.fail(f"compress='bf16' needs a float32 tensor, not {t.dtype.name}")
     return bfloat16
+
+
+def subgroup_members(ranks: Sequence[int], group: Sequence[int], me: int, name: str, parent: str) -> tuple[int, ...]:
+    """The global ranks of a subgroup (``ProcessGroup.subgroup``): members of the parent
+    ``group`` that include this rank, ``me``; ``InvalidRank`` otherwise."""
+    members = tuple(int(r) for r in ranks)
+    if any(r not in group for r in members) or me not in members:
+        raise InvalidRank(
+            f"rank {me}: subgroup {name}: ranks {list(members)} must be members of group {parent} "
+            f"(members: {list(group)}) and include this rank",
+            rank=me,
+            operation="subgroup",
+        )
+    return members

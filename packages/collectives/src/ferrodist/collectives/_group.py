@@ -35,11 +35,11 @@ from ferrodist.core import (
 )
 from ferrodist.transport import Transport
 
-from . import _failure
+from . import _failure, _shrink
 from ._algorithms import direct, monitored
 from ._algorithms.select import all_reduce_algorithm
 from ._call import subgroup_channel
-from ._checks import Blocks, Checker, device_blocks, on_group, split_equally, wire_dtype
+from ._checks import Blocks, Checker, device_blocks, on_group, split_equally, subgroup_members, wire_dtype
 from ._device import DeviceRoute, device_type, requested_route
 from ._fingerprint import fingerprint
 from ._p2p import Messages
@@ -96,6 +96,7 @@ class ProcessGroup:
         self._children: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
         self._named: dict[int, tuple[str, ProcessGroup]] = {}  # channel -> the subgroup on it
         self._destroyed = False
+        self._shrinks = 0  # attempts to shrink it
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -175,17 +176,17 @@ class ProcessGroup:
     def _derive(self, ranks: Sequence[int], timeout: float | None, cuda_route: str | None = None) -> ProcessGroup:
         """A group of some of this group's ranks (global ranks), shut down along with this one."""
         group_id = next(self._child_ids)
-        child = ProcessGroup(
-            self._transport,
-            ranks,
-            group_id,
-            timeout=self._timeout if timeout is None else timeout,
-            name=f"{group_id}{list(ranks)}",
-            debug=self._debug,
-            cuda_route=self._route.devices.requested if cuda_route is None else cuda_route,
-        )
+        child = self._made(ranks, group_id, f"{group_id}{list(ranks)}", timeout, cuda_route, native=True)
         self._children.add(child)
         return child
+
+    def _made(
+        self, ranks: Sequence[int], group_id: int, name: str, timeout: float | None, route: str | None, native: bool
+    ) -> ProcessGroup:
+        """A group over this one's transport, with its options unless given."""
+        timeout, route = self._timeout if timeout is None else timeout, route or self._route.devices.requested
+        options = {"debug": self._debug, "cuda_route": route, "native": native}
+        return ProcessGroup(self._transport, ranks, group_id, timeout=timeout, name=name, **options)
 
     def subgroup(self, ranks: Sequence[int], *, name: str, timeout: float | None = None) -> ProcessGroup:
         """A group of some of this group's ranks (global ranks) over the same transport, made
@@ -193,15 +194,7 @@ class ProcessGroup:
         of its own, but its own call numbering, scratch and worker, on a channel derived from
         ``name`` (which every member passes alike). It runs our algorithms (a transport's own
         collectives are made by every rank of the world at once). Shut down with this group."""
-        members = tuple(int(r) for r in ranks)
-        outside = [r for r in members if r not in self._ranks]
-        if outside or self._global_rank not in members:
-            raise InvalidRank(
-                f"rank {self._global_rank}: subgroup {name}: ranks {list(members)} must be members of group "
-                f"{self._name} (members: {list(self._ranks)}) and include this rank",
-                rank=self._global_rank,
-                operation="subgroup",
-            )
+        members = subgroup_members(ranks, self._ranks, self._global_rank, name, self._name)
         channel = subgroup_channel(name)
         taken = self._named.get(channel)
         if taken is not None and taken[0] != name and not taken[1]._destroyed:
@@ -211,16 +204,7 @@ class ProcessGroup:
                 rank=self._global_rank,
                 operation="subgroup",
             )
-        child = ProcessGroup(
-            self._transport,
-            members,
-            channel,
-            timeout=self._timeout if timeout is None else timeout,
-            name=name,
-            debug=self._debug,
-            cuda_route=self._route.devices.requested,
-            native=False,
-        )
+        child = self._made(members, channel, name, timeout, None, native=False)
         self._named[channel] = (name, child)
         self._children.add(child)
         return child
@@ -570,14 +554,9 @@ class ProcessGroup:
     def abort(self, error: BaseException) -> None:
         """Fail this group on every member because of ``error`` (raised by code that drives
         the group, e.g. a pipeline stage): pending and later calls and messages here and on
-        the other members raise at once (``GroupAborted``, or the error itself where a
-        message was pending) instead of waiting for their deadline. Make the group again to
-        go on. An error that is already a ``GroupAborted`` is not sent again.
-
-        A timeout of this rank waiting for one peer's message follows the other ranks'
-        notices (for up to half a second) to the rank that held them all up, and names it in
-        ``error`` (its message and ``waiting_for``): the peer waited for may be waiting
-        itself, as stages of a pipeline wait on each other."""
+        the other members raise at once (``GroupAborted``, or the error itself where a message
+        was pending). Make the group again, or shrink it, to go on. A timeout waiting for one
+        peer's message is followed to the rank that held them all up (``name_the_holdup``)."""
         if isinstance(error, GroupAborted):
             return
         if not isinstance(error, FerrodistError):
@@ -585,6 +564,24 @@ class ProcessGroup:
         self._runner.abort(error)
         if isinstance(error, CollectiveTimeout):
             _failure.name_the_holdup(self._transport, self._group_id, self._global_rank, error)
+
+    def shrink(
+        self, *, exclude: Sequence[int] = (), timeout: Timeout = None, window: float | None = None
+    ) -> ProcessGroup:
+        """The live members as a new group over the same transport, renumbered in order: the
+        survivors of a failure call it (see ``_shrink``), and each gets the same members; a live
+        rank left out raises ``Excluded``. ``exclude``: group ranks that take no part (every
+        other must); ``timeout``: the deadline (default the group's); ``window``: how long each
+        round waits for a member that has not answered (default 5 s).
+
+        Example (rank 2 of 4 was killed)::
+
+            group = group.shrink()    # ranks 0, 1, 3 -> group ranks 0, 1, 2
+        """
+        self._shrinks += 1
+        members = _shrink.shrink(self, exclude, self._runner.limit(timeout, "shrink"), window, self._shrinks)
+        name = f"{self._name}/{'.'.join(map(str, members))}"
+        return self._made(members, subgroup_channel(name), name, None, None, native=False)
 
     def _shutdown(self, timeout: float = 5.0) -> None:
         """Finish queued async work and stop the worker (and those of the groups derived

@@ -17,6 +17,7 @@ __all__ = [
     "CollectiveMismatch",
     "CollectiveTimeout",
     "DeviceUnavailable",
+    "Excluded",
     "FerrodistError",
     "GroupAborted",
     "InvalidArgument",
@@ -194,6 +195,29 @@ class GroupAborted(FerrodistError, RuntimeError):
         self.cause = cause
 
 
+class Excluded(FerrodistError, RuntimeError):
+    """This rank is not in the group its peers shrank to (``ProcessGroup.shrink``): it was
+    silent while they agreed on who is live, or it found no majority of the members to
+    agree with. The others, if there are any, went on without it; this process should
+    exit (a launcher that keeps the job running may start a replacement).
+
+    Attributes:
+        survivors: the global ranks of the group the others made, when known (empty when
+            this rank could not learn it).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        survivors: tuple[int, ...] = (),
+        rank: int | None = None,
+        operation: str | None = None,
+    ) -> None:
+        super().__init__(message, rank=rank, operation=operation)
+        self.survivors = tuple(survivors)
+
+
 class AuthenticationFailed(FerrodistError, PermissionError):
     """A connection whose other end does not hold this job's token (``FERRODIST_TOKEN``)."""
 
@@ -211,6 +235,7 @@ for _cls in (
     ProtocolError,
     CollectiveMismatch,
     GroupAborted,
+    Excluded,
     AuthenticationFailed,
 ):
     _cls.__module__ = "ferrodist.core"
