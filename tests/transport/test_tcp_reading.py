@@ -399,3 +399,27 @@ def test_a_receive_whose_message_began_to_arrive_reads_on_after_an_abort_and_see
     assert not waiter.is_alive()
     assert len(failed) == 1 and isinstance(failed[0], PeerLost), failed
     assert time.monotonic() - started < 5
+
+
+def test_a_message_after_a_claim_is_read_without_waiting_out_the_threads_sleep(world):
+    """A caller claims the link while its thread sleeps listening (a blocking recv, then
+    done); a message that comes later, for a receive that is only polled, is read by the
+    thread soon after: the claim woke the thread out of its one-second sleep, so it takes the
+    link back once the caller lets go (before, it slept on with the socket out of its set)."""
+    a, b = world(2)
+    delays = []
+    for i in range(5):
+        time.sleep(1.1)  # the link's thread is in its long, listening sleep again
+        token = np.zeros(1)
+        a.send(np.ones(1), 1, tag=100 + i)
+        b.recv(token, 0, tag=100 + i)  # claims the link, reads it, lets go
+        late = np.zeros(1)
+        request = b.irecv(late, 0, tag=200 + i)
+        time.sleep(0.05)
+        sent = time.monotonic()
+        a.send(np.full(1, 2.0), 1, tag=200 + i)
+        while not request.is_completed() and time.monotonic() - sent < 5:
+            time.sleep(0.002)
+        delays.append(time.monotonic() - sent)
+        assert late[0] == 2.0
+    assert sorted(delays)[2] < 0.5, delays  # the median; it was most of a second

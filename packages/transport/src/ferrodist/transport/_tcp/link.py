@@ -85,6 +85,12 @@ class Link:
         self.farewell = False  # this rank has said goodbye on it
         self._events = select.epoll()
         self._events.register(self.framing.fd, select.EPOLLIN)
+        # Wakes the thread from a long sleep when a caller claims the link: the thread would
+        # otherwise sleep its second out with the socket no longer in its set, and a message
+        # that comes after the caller is done would wait that long for a reader.
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._events.register(self._wake, select.EPOLLIN)
+        self.listening = False  # the thread is in (or about to enter) a long sleep listening
         self.thread = threading.Thread(
             target=self._receive_loop, name=f"ferrodist-rank{context.rank}-from{peer}", daemon=True
         )
@@ -93,7 +99,15 @@ class Link:
     def _receive_loop(self) -> None:
         """The link's thread: read what has arrived whenever no caller has the link."""
         while not self.ended:
-            if not self._events.poll(self._resume()) and not self.context.closing:
+            ready = self._events.poll(self._resume())
+            self.listening = False
+            if any(fd == self._wake for fd, _ in ready):
+                try:
+                    os.eventfd_read(self._wake)
+                except BlockingIOError:
+                    pass
+                continue  # claimed: sleep on the short naps of ``_resume``
+            if not ready and not self.context.closing:
                 continue
             self.framing.read_lock.acquire()
             try:
@@ -109,6 +123,8 @@ class Link:
             if not self.paused:
                 self.paused = True
                 self._listen(0)
+                if self.listening:
+                    os.eventfd_write(self._wake, 1)
 
     def unclaim(self) -> None:
         """The caller is done. The thread takes the link back only after ``_LINGER`` idle
@@ -124,9 +140,10 @@ class Link:
         for ``_LINGER`` seconds. Returns how long to sleep before looking again (ten times
         that while a caller holds the link: a long ``recv`` should not wake it 200 times a
         second)."""
-        if not self.paused:
-            return 1.0
         with self.claim_lock:
+            if not self.paused:
+                self.listening = True
+                return 1.0
             if self.claims:  # a caller reads it now (perhaps for long): look again later
                 return 10 * _LINGER
             idle = time.monotonic() - self.released
@@ -134,6 +151,7 @@ class Link:
                 return _LINGER - idle
             self.paused = False
             self._listen(select.EPOLLIN)
+            self.listening = True
             return 1.0
 
     def _listen(self, events: int) -> None:
@@ -532,4 +550,5 @@ class Link:
             self.thread.join(max(0.0, deadline - time.monotonic()))
         if not self.thread.is_alive():
             self._events.close()
+            os.close(self._wake)
         self.sock.close()

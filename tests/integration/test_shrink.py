@@ -1,0 +1,71 @@
+"""A lost rank in real processes, on tcp and shm: the survivors shrink the group and go on
+with exact results; a killed rank (rank 0, the store's host, too) costs them well under two
+seconds; a rank stopped past the timeout is left out, and told so when it wakes up."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "scripts" / "shrink.py"
+
+
+def start(n: int, *args: str) -> list[subprocess.Popen[bytes]]:
+    """``n`` ranks started by hand (no launcher: it would end the job at the first loss)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
+    return [
+        subprocess.Popen([sys.executable, str(SCRIPT), *args], env=dict(env, RANK=str(r)), stderr=subprocess.PIPE)
+        for r in range(n)
+    ]
+
+
+def finish(ranks: list[subprocess.Popen[bytes]], outdir: Path) -> tuple[list[int | None], dict[int, dict]]:
+    codes = []
+    for p in ranks:
+        try:
+            codes.append(p.wait(90))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append(None)
+    results = {int(f.stem[4:]): json.loads(f.read_text()) for f in outdir.glob("rank*.json")}
+    return codes, results
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+@pytest.mark.parametrize("victim", [2, 0], ids=["rank-2", "rank-0-the-store-host"])
+def test_the_survivors_of_a_killed_rank_shrink_and_go_on_exactly(tmp_path, backend, victim):
+    ranks = start(4, "kill", str(tmp_path), backend, str(victim))
+    codes, results = finish(ranks, tmp_path)
+    errors = {r: p.stderr.read().decode()[-2000:] for r, p in enumerate(ranks) if p.stderr}  # type: ignore[union-attr]
+    assert codes[victim] == -9, errors
+    live = [r for r in range(4) if r != victim]
+    assert [codes[r] for r in live] == [0, 0, 0], errors
+    lost_at = float((tmp_path / "lost_at").read_text())
+    for r in live:
+        result = results[r]
+        assert result["outcome"] == "done" and result["ranks"] == live, result
+        assert result["shrunk_to"] == live and result["wrong"] == [], result
+        # the kill, its detection, the shrink and the next step: well within 2 s of wall clock
+        assert result["recovered"] - lost_at < 2.0, result
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_a_rank_stopped_past_the_timeout_is_left_out_and_told_so(tmp_path, backend):
+    ranks = start(4, "stop", str(tmp_path), backend, "1")
+    codes, results = finish(ranks, tmp_path)
+    errors = {r: p.stderr.read().decode()[-2000:] for r, p in enumerate(ranks) if p.stderr}  # type: ignore[union-attr]
+    assert codes == [0, 0, 0, 0], errors
+    for r in (0, 2, 3):
+        assert results[r]["outcome"] == "done" and results[r]["ranks"] == [0, 2, 3], results[r]
+        assert results[r]["wrong"] == [], results[r]
+    stopped = results[1]
+    assert stopped["outcome"] == "excluded" and stopped["survivors"] == [0, 2, 3], stopped
