@@ -311,6 +311,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "choose_transport",
         "preload",
         "register",
+        "shrink_group",
     },
     "ferrodist.nccl": {
         "DEFAULT_TIMEOUT",

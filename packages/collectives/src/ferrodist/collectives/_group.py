@@ -185,8 +185,8 @@ class ProcessGroup:
     ) -> ProcessGroup:
         """A group over this one's transport, with its options unless given."""
         timeout, route = self._timeout if timeout is None else timeout, route or self._route.devices.requested
-        options = {"debug": self._debug, "cuda_route": route, "native": native}
-        return ProcessGroup(self._transport, ranks, group_id, timeout=timeout, name=name, **options)
+        t, d = self._transport, self._debug
+        return ProcessGroup(t, ranks, group_id, timeout=timeout, name=name, debug=d, cuda_route=route, native=native)
 
     def subgroup(self, ranks: Sequence[int], *, name: str, timeout: float | None = None) -> ProcessGroup:
         """A group of some of this group's ranks (global ranks) over the same transport, made

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ._group import FerrodistProcessGroup
     from ._names import TRANSPORTS
     from ._register import choose_transport, preload
+    from ._shrink import shrink_group
     from ._work import FerrodistWork
 
 register()
@@ -41,6 +42,7 @@ _LAZY = {
     "TRANSPORTS": "._names",
     "choose_transport": "._register",
     "preload": "._register",
+    "shrink_group": "._shrink",
 }
 
 
@@ -61,4 +63,5 @@ __all__ = [
     "choose_transport",
     "preload",
     "register",
+    "shrink_group",
 ]

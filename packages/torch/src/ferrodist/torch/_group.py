@@ -476,6 +476,25 @@ class FerrodistProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def abort(self) -> None:
         self.shutdown()
 
+    # -- shrinking (torch.distributed.shrink_group) -------------------------------------------
+    @property
+    def supports_shrinking(self) -> bool:
+        """True: ``torch.distributed.shrink_group`` works on CPU tensors over ferrodist."""
+        return True
+
+    def shrink(
+        self, ranks: Sequence[int] = (), flags: int = 0, options: Any = None, *, timeout: float | None = None
+    ) -> FerrodistProcessGroup:
+        """The group without ``ranks`` (group ranks), once every other member has agreed on it
+        (``ProcessGroup.shrink``: a member gone or silent makes every caller raise, naming
+        it); with no ``ranks``, without the members the live ones agree are lost. The new
+        group runs on the same transport, which it then owns. ``ferrodist.torch.shrink_group``
+        puts it in torch's place of this one."""
+        group = self.ferrodist_group.shrink(exclude=list(ranks), timeout=timeout)
+        made = FerrodistProcessGroup(group, self.store, description=group.name, owns_transport=self._owns_transport)
+        self._owns_transport = False
+        return made
+
 
 class _Last:
     """The ferrodist works of a coalesced call, waited on as one (they run in order)."""

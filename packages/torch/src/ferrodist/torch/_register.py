@@ -58,8 +58,9 @@ def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
     name = str(common.group_id)
     members = list(common.global_ranks_in_group) or list(range(size))
     world = _world()
-    if world is not None and set(members) <= set(world.ranks):
-        group = world.subgroup(members, name=f"torch:{name}", timeout=timeout)
+    if world is not None and all(0 <= m < world.size for m in members):
+        # torch's global ranks are the world group's ranks (renumbered, once it has shrunk)
+        group = world.subgroup([world.ranks[m] for m in members], name=f"torch:{name}", timeout=timeout)
         _log.info("torch process group %s (global ranks %s): a subgroup of %s", name, _listed(members), world.name)
         return FerrodistProcessGroup(group, common.store, description=name, owns_transport=False)
     kind = choose_transport(size, name)
@@ -86,6 +87,12 @@ def create(common: Any, options: Any = None) -> FerrodistProcessGroup:
     if members == list(range(size)) and world is None:
         _worlds.append((weakref.ref(made), kind))
     return made
+
+
+def adopt_world(made: FerrodistProcessGroup) -> None:
+    """``made``, the default group shrunk, is the world group later groups share (``shrink_group``)."""
+    kind = _worlds[-1][1] if _worlds else made.ferrodist_group.transport.kind
+    _worlds.append((weakref.ref(made), kind))
 
 
 def _two_levels(group: ProcessGroup, name: str) -> None:
