@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PACKAGES := core transport collectives testing nn ddp pipeline launch gpu nccl torch
+PACKAGES := core transport collectives testing nn ddp pipeline elastic launch gpu nccl torch
 STAMP := $(VENV)/.installed
 # What the demo runs: numpy, numba and ml_dtypes underneath, and tqdm for its progress bar (no
 # torch, MPI, CUDA, NCCL or test tools); `make test` adds the rest to the same .venv.

@@ -303,6 +303,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "scale",
         "unpack",
     },
+    "ferrodist.elastic": {"Commit", "Excluded", "State", "run"},
     "ferrodist.torch": {
         "BACKEND_NAME",
         "FerrodistProcessGroup",

@@ -43,6 +43,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "nccl": frozenset({"core"}),
     "ddp": frozenset({"collectives", "core"}),
     "pipeline": frozenset({"collectives", "core"}),
+    "elastic": frozenset({"collectives", "core"}),
     "launch": frozenset({"collectives", "core"}),
     "torch": frozenset({"collectives", "core"}),
     "ferrodist": frozenset(),  # the meta-distribution ships no code of its own

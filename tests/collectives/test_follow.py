@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from ferrodist.collectives import _failure
+from ferrodist.collectives._failures import blame as _failure
 from ferrodist.core import CollectiveTimeout
 from ferrodist.transport._aborts import Notice
 

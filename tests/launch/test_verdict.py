@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from ferrodist.collectives._record import record_failure
+from ferrodist.collectives._failures.record import record_failure
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, PeerLost
 
 pytest.importorskip("ferrodist.launch", reason="ferrodist-launch is not installed (pip install packages/launch)")

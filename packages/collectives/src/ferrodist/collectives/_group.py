@@ -35,12 +35,12 @@ from ferrodist.core import (
 )
 from ferrodist.transport import Transport
 
-from . import _failure, _shrink
 from ._algorithms import direct, monitored
 from ._algorithms.select import all_reduce_algorithm
 from ._call import subgroup_channel
 from ._checks import Blocks, Checker, device_blocks, on_group, split_equally, subgroup_members, wire_dtype
 from ._device import DeviceRoute, device_type, requested_route
+from ._failures import agreement, blame
 from ._fingerprint import fingerprint
 from ._p2p import Messages
 from ._route import Route
@@ -563,13 +563,13 @@ class ProcessGroup:
             error = FerrodistError(f"rank {self._global_rank}: {type(error).__name__}: {error}", rank=self._global_rank)
         self._runner.abort(error)
         if isinstance(error, CollectiveTimeout):
-            _failure.name_the_holdup(self._transport, self._group_id, self._global_rank, error)
+            blame.name_the_holdup(self._transport, self._group_id, self._global_rank, error)
 
     def shrink(
         self, *, exclude: Sequence[int] = (), timeout: Timeout = None, window: float | None = None
     ) -> ProcessGroup:
         """The live members as a new group over the same transport, renumbered in order: the
-        survivors of a failure call it (see ``_shrink``), and each gets the same members; a live
+        survivors of a failure call it (see ``_failures.agreement``), and each gets the same members; a live
         rank left out raises ``Excluded``. ``exclude``: group ranks that take no part (every
         other must); ``timeout``: the deadline (default the group's); ``window``: how long each
         round waits for a member that has not answered (default 5 s).
@@ -579,7 +579,10 @@ class ProcessGroup:
             group = group.shrink()    # ranks 0, 1, 3 -> group ranks 0, 1, 2
         """
         self._shrinks += 1
-        members = _shrink.shrink(self, exclude, self._runner.limit(timeout, "shrink"), window, self._shrinks)
+        limit, me = self._runner.limit(timeout, "shrink"), self.member_rank("shrink")
+        members = agreement.live_members(
+            self._transport, self._ranks, me, self._name, exclude, limit, window, self._shrinks
+        )
         name = f"{self._name}/{'.'.join(map(str, members))}"
         return self._made(members, subgroup_channel(name), name, None, None, native=False)
 

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 from ferrodist.core import CollectiveMismatch, FerrodistError, GroupAborted
 from ferrodist.transport import Transport
 
-from . import _failure, _trace
+from . import _trace
 from ._call import MAX_USER_TAG, Call, Scratch, collective_tag
 from ._debug import check_agreement
+from ._failures import blame
+from ._failures.record import record_failure
 from ._fingerprint import describe, nbytes
 from ._order import CallOrder
-from ._record import record_failure
 from ._timeouts import Timeout, seconds
 from ._work import Work, Worker
 
@@ -286,7 +287,7 @@ class Runner:
                 context = (
                     f"rank {me}: {operation} #{seq} on group {self.name} (group rank {self.rank} of {len(self.ranks)})"
                 )
-                raise _failure.framed(failed[1], context, me, operation)
+                raise blame.framed(failed[1], context, me, operation)
             raise GroupAborted(
                 f"rank {me}: {operation} #{seq}: {blocked.message}", cause=blocked.cause, rank=me, operation=operation
             )
@@ -298,12 +299,12 @@ class Runner:
             return exc
         me = self.transport.rank
         context = f"rank {me}: {operation} #{seq} on group {self.name} (group rank {self.rank} of {len(self.ranks)})"
-        error = _failure.abort(
-            self.transport, self.group_id, self.ranks, seq, _failure.framed(exc, context, me, operation), context
+        error = blame.abort(
+            self.transport, self.group_id, self.ranks, seq, blame.framed(exc, context, me, operation), context
         )
         # Blocked after the census (no later call of the group runs before this one is done),
         # so that ``GroupAborted`` names the culprits the census found.
-        self.order.block(_failure.blocked(error, self.name, seq))
+        self.order.block(blame.blocked(error, self.name, seq))
         record_failure(error)  # for the launcher: this rank's own error, or another rank's
         return error
 
@@ -312,7 +313,7 @@ class Runner:
         pipeline step): later calls here, and pending and later calls and messages of the
         group on every member, fail at once naming ``error``."""
         me, at = self.transport.rank, self.order.turn
-        self.order.block(_failure.blocked(error, self.name, at))
+        self.order.block(blame.blocked(error, self.name, at))
         self.transport.abort(self.group_id, error, peers=[r for r in self.ranks if r != me], seq=at)
         record_failure(error)
 
@@ -338,8 +339,8 @@ class Runner:
         # Point-to-point calls (a pipeline's) are not numbered: "before its first collective".
         when = f"after its call #{at}" if at >= 0 else "before its first collective there"
         context = f"rank {me}: group {self.name} {when} (group rank {self.rank} of {len(self.ranks)})"
-        cause = _failure.framed(error, context, me, error.operation or "collective")
-        order.block(_failure.blocked(cause, self.name, seq))
+        cause = blame.framed(error, context, me, error.operation or "collective")
+        order.block(blame.blocked(cause, self.name, seq))
         notice = copy.copy(cause)
         notice.between = True  # tells the census: idle here, not stuck in a call
         self.transport.abort(self.group_id, notice, peers=[r for r in self.ranks if r != me], seq=at)

@@ -11,7 +11,7 @@ from datetime import timedelta
 from ferrodist.core import CollectiveTimeout, FerrodistError
 from ferrodist.transport import Request
 
-from ._record import record_failure
+from ._failures.record import record_failure
 from ._timeouts import seconds
 
 #: The event of every work made finished (set once, never cleared).

@@ -19,7 +19,7 @@ signal it sent the rank while it still ran, what the rank wrote to its error fil
 4. else the first rank that failed.
 
 The error file is what ``ferrodist.collectives`` writes to ``FERRODIST_ERROR_FILE`` on a
-rank's first error (see ``collectives/_record.py``): one JSON object such as
+rank's first error (see ``collectives/_failures/record.py``): one JSON object such as
 ``{"error": "PeerLost", "blames": [1], "message": "..."}``.
 """
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from ferrodist.collectives._debug import enabled_by_environment
 from ferrodist.collectives._device import requested_route
+from ferrodist.collectives._failures.record import record_failure
 from ferrodist.collectives._group import ProcessGroup
-from ferrodist.collectives._record import record_failure
 from ferrodist.collectives._start import levels
 from ferrodist.collectives._start.backends import make_transport
 from ferrodist.collectives._timeouts import seconds

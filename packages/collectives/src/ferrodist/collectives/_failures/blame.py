@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from ferrodist.core import CollectiveMismatch, CollectiveTimeout, FerrodistError, GroupAborted
 from ferrodist.transport import Transport
 
-from ._fingerprint import describe
+from .._fingerprint import describe
 
 #: Seconds a rank whose call timed out listens for its peers' notices (the stated slack
 #: of a timeout is this plus a notice's delivery: a call raises within timeout + 1 s).

@@ -27,17 +27,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ferrodist.core import CollectiveTimeout, Excluded, FerrodistError, InvalidArgument, InvalidRank
 from ferrodist.transport import Request, Transport
 
-from ._call import p2p_tag, subgroup_channel
-
-if TYPE_CHECKING:
-    from ._group import ProcessGroup
+from .._call import p2p_tag, subgroup_channel
 
 HELLO, DECIDE, CONFIRM, REFUSE, COMMIT, CALL_OFF, EXCLUDED = range(1, 8)
 _HEADER = 4  # kind, attempt, round, count; the ranks follow
@@ -331,44 +328,52 @@ def agree(
     return agreement.run()
 
 
-def shrink(
-    group: ProcessGroup, exclude: Sequence[int], timeout: float, window: float | None, attempt: int
+def live_members(
+    transport: Transport,
+    members: Sequence[int],
+    me: int,
+    name: str,
+    exclude: Sequence[int],
+    timeout: float,
+    window: float | None,
+    attempt: int,
 ) -> tuple[int, ...]:
-    """The global ranks of ``group.shrink()``'s new group (see there): the arguments checked,
-    then the agreement (``attempt``: its number on this group, so that a second attempt does
-    not read the first's messages); with ``exclude``, every other member must be in it."""
-    me = group.member_rank("shrink")
-    what = f"rank {group.global_rank}: shrink of group {group.name}"
+    """The global ranks of ``ProcessGroup.shrink()``'s new group (see there), for group
+    ``name`` of global ranks ``members``, of which this rank is group rank ``me``: the
+    arguments checked, then the agreement (``attempt``: its number on the group, so that a
+    second attempt does not read the first's messages); with ``exclude`` (group ranks),
+    every other member must be in it."""
+    what = f"rank {transport.rank}: shrink of group {name}"
     try:
         left = sorted({int(r) for r in exclude})
     except (TypeError, ValueError):
-        raise InvalidArgument(f"{what}: exclude must be group ranks, not {exclude!r}", rank=group.global_rank) from None
-    bad = [r for r in left if not 0 <= r < group.size]
-    if bad or me in left or len(left) == group.size:
+        raise InvalidArgument(f"{what}: exclude must be group ranks, not {exclude!r}", rank=transport.rank) from None
+    bad = [r for r in left if not 0 <= r < len(members)]
+    if bad or me in left or len(left) == len(members):
         why = f"ranks {bad} are outside it" if bad else "this rank is among them: only the others call shrink"
-        raise InvalidRank(f"{what}: exclude={list(exclude)}: {why}", rank=group.global_rank, operation="shrink")
+        raise InvalidRank(f"{what}: exclude={list(exclude)}: {why}", rank=transport.rank, operation="shrink")
     if window is not None and not window > 0:
         raise InvalidArgument(f"{what}: window must be a positive number of seconds, not {window!r}")
-    out = [group.ranks[r] for r in left]
-    members = agree(
-        group.transport,
-        group.ranks,
-        channel(group.name),
+    out = [members[r] for r in left]
+    agreed = agree(
+        transport,
+        members,
+        channel(name),
         attempt=attempt,
         exclude=out,
         timeout=timeout,
         window=DEFAULT_WINDOW if window is None else float(window),
         what=what,
     )
-    missing = [r for r in group.ranks if r not in members and r not in out]
+    missing = [r for r in members if r not in agreed and r not in out]
     if out and missing:
         raise CollectiveTimeout(
             f"{what}: exclude={list(exclude)} leaves ranks {missing} in, but they took no part (they are gone or "
             "silent): exclude them too",
-            rank=group.global_rank,
+            rank=transport.rank,
             operation="shrink",
             waiting_for=tuple(missing),
         )
     if missing:
-        _log.warning("%s: left out ranks %s (gone or silent); the new group has ranks %s", what, missing, list(members))
-    return members
+        _log.warning("%s: left out ranks %s (gone or silent); the new group has ranks %s", what, missing, list(agreed))
+    return agreed
