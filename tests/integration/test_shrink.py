@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -69,3 +70,29 @@ def test_a_rank_stopped_past_the_timeout_is_left_out_and_told_so(tmp_path, backe
         assert results[r]["wrong"] == [], results[r]
     stopped = results[1]
     assert stopped["outcome"] == "excluded" and stopped["survivors"] == [0, 2, 3], stopped
+
+
+def test_an_elastic_launch_keeps_the_survivors_running_and_succeeds_with_them(tmp_path):
+    """``ferrodist run -n 3:4``: rank 2 is killed, the launcher lets the other three go on
+    (they shrink and finish) and the job succeeds, naming the rank it lost."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ferrodist.launch", "run", "-n", "3:4", str(SCRIPT), "kill", str(tmp_path), "shm", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ranks [2] failed; the other 3 go on (at least 3 must)" in done.stdout, done.stdout
+    assert "the job finished on 3 of 4 ranks; ranks [2] failed" in done.stdout, done.stdout
+    results = {int(f.stem[4:]): json.loads(f.read_text()) for f in tmp_path.glob("rank*.json")}
+    assert sorted(results) == [0, 1, 3]
+    assert all(r["outcome"] == "done" and r["ranks"] == [0, 1, 3] and not r["wrong"] for r in results.values())
+
+
+def test_an_elastic_launch_stops_the_job_below_its_minimum(tmp_path):
+    """``ferrodist run -n 3:4`` with ranks 1 and 2 killed: two are left, fewer than three,
+    so the launcher stops the job and blames a killed rank."""
+    command = [sys.executable, "-m", "ferrodist.launch", "run", "-n", "3:4", str(SCRIPT), "kill", str(tmp_path)]
+    done = subprocess.run([*command, "tcp", "1,2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 137, done.stdout + done.stderr
+    assert re.search(r"rank [12] was killed by SIGKILL", done.stdout + done.stderr), done.stdout + done.stderr

@@ -1,9 +1,9 @@
 """Run by tests/integration/test_shrink.py: a job that loses a rank and goes on shrunk.
 
-    shrink.py MODE OUTDIR BACKEND VICTIM
+    shrink.py MODE OUTDIR BACKEND VICTIMS
 
 40 steps of an all_reduce of values chosen by (step, global rank), each checked exactly
-against the members of the group it ran on. Before step 10, rank VICTIM:
+against the members of the group it ran on. Before step 10, each rank of VICTIMS (e.g. 2 or 1,2):
 MODE kill:   kills itself (SIGKILL);
 MODE stop:   stops itself (SIGSTOP) for 6 s, past the group's 2 s timeout and the
              shrink's window, then goes on: its next call fails, and so does its shrink
@@ -32,13 +32,14 @@ STEPS, LOST_AT = 40, 10
 
 
 def main() -> None:
-    mode, outdir, backend, victim = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    mode, outdir, backend = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    victims = {int(v) for v in sys.argv[4].split(",")}
     group = dist.init_process_group(backend, timeout=2)
     rank = group.rank
     result: dict[str, object] = {"rank": rank, "wrong": []}
     step = 0
     while step < STEPS:
-        if step == LOST_AT and rank == victim:
+        if step == LOST_AT and rank in victims:
             (outdir / "lost_at").write_text(repr(time.time()))
             if mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -38,7 +38,16 @@ def _parser() -> argparse.ArgumentParser:
         "For a job on several nodes, start one launcher per node with the same --nnodes, --master-addr (node 0's "
         "address) and --master-port, its own --node-rank, and the same FERRODIST_TOKEN exported on every node.",
     )
-    start.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks on this node")
+    start.add_argument(
+        "-n",
+        "--nprocs",
+        "--nproc-per-node",
+        type=_ranks,
+        required=True,
+        metavar="N|MIN:MAX",
+        help="number of ranks on this node; MIN:MAX (one node): start MAX, and keep the others running when a rank "
+        "fails, while at least MIN have not (their script shrinks its group: ferrodist.elastic)",
+    )
     start.add_argument("--nnodes", type=int, default=1, help="number of nodes, one launcher each (default 1)")
     start.add_argument("--node-rank", type=int, default=0, help="this node's number, 0 to NNODES-1 (default 0)")
     start.add_argument(
@@ -211,6 +220,16 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ranks(text: str) -> tuple[int, int]:
+    """``-n``: ``N`` (MIN = MAX = N) or ``MIN:MAX``."""
+    low, _, high = text.partition(":")
+    try:
+        least, most = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or MIN:MAX (whole numbers), not {text!r}") from None
+    return least, most
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "bench":
@@ -223,8 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _trace_command(args.directory, args.out, args.png, args.top)
     trace = None if args.trace is None else os.path.abspath(args.trace)
     try:
+        least, most = args.nprocs
         result = run(
-            args.nprocs,
+            most,
             [args.script, *args.args],
             module=args.module,
             nnodes=args.nnodes,
@@ -236,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log_dir=args.log_dir,
             extra_env=None if trace is None else {"FERRODIST_TRACE": trace},
             max_restarts=args.max_restarts,
+            min_ranks=least if least != most else None,
         )
     except Exception as exc:
         # ferrodist.core (numpy, ml_dtypes) is imported only here: `ferrodist run` starts the

@@ -1,22 +1,21 @@
-"""Start N ranks, label their output, tear the job down as soon as one rank fails, and name
-the rank to blame.
+"""Start N ranks, label their output, tear the job down as soon as one rank fails (or, in an
+elastic job, once too few are left), and name the rank to blame.
 
 Ranks never outlive the launcher: each one gets Linux's ``PR_SET_PDEATHSIG`` (SIGKILL), so
 the kernel kills it when the launcher dies, even of SIGKILL. SIGINT, SIGTERM and SIGHUP
 sent to the launcher go to every rank, and the ranks still running ``grace`` seconds later
-get SIGKILL. ``_verdict`` turns how the ranks ended into the summary line, ``_output``
-labels the ranks' output, and ``_nodes`` connects the launchers of a job that spans nodes.
+get SIGKILL. ``_supervise`` watches the ranks, ``_verdict`` turns how they ended into the
+summary line, ``_output`` labels their output, and ``_nodes`` connects the launchers of a
+job that spans nodes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import importlib
 import math
 import os
 import secrets
-import select
 import shutil
 import signal
 import socket
@@ -27,16 +26,17 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from ._nodes.hub import Hub
-from ._nodes.link import DEFAULT_JOIN_TIMEOUT, DEFAULT_SILENCE, HEARTBEAT, NodeFailure
+from ._nodes.link import DEFAULT_JOIN_TIMEOUT, DEFAULT_SILENCE, NodeFailure
 from ._nodes.member import Member
 from ._nodes.placement import Placement
 from ._output import Console
 from ._output import pump as _pump
 from ._spawn import die_with, start_rank
-from ._verdict import RankEnd, describe, diagnose, read_error, signal_name
+from ._supervise import Signals, Watch, kill_all, supervise
+from ._verdict import RankEnd, diagnose, read_error
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_JOIN_TIMEOUT", "DEFAULT_NODES_PORT", "JobResult", "run"]
 
@@ -45,7 +45,6 @@ DEFAULT_GRACE = 3.0
 #: Where node 0's launcher listens for the others' when ``--master-port`` is not given (torchrun's default).
 DEFAULT_NODES_PORT = 29500
 _MEMBER_EXTRA = 10.0  # a member waits this much longer than node 0 for the start: node 0 says why it failed
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
@@ -96,6 +95,7 @@ def run(
     extra_env: dict[str, str] | None = None,
     silence: float = DEFAULT_SILENCE,
     max_restarts: int = 0,
+    min_ranks: int | None = None,
 ) -> JobResult:
     """Run ``command`` as ``nprocs`` ranks on this machine and wait for them.
 
@@ -132,6 +132,10 @@ def run(
     restart in progress). A launcher interrupted by a signal, or a node that never arrived,
     ends the job without a restart.
 
+    ``min_ranks`` (one node; ``ferrodist run -n MIN:MAX``): a rank that fails does not stop the
+    others while at least ``min_ranks`` ranks have not failed (their script shrinks its
+    group and goes on: ``ferrodist.elastic``); the job succeeds if those ranks all succeed.
+
     Call it from a thread that lives until it returns: the ranks die with the thread that
     started them (``PR_SET_PDEATHSIG``).
 
@@ -143,6 +147,12 @@ def run(
     _check(nprocs, command, nnodes, node_rank, grace, join_timeout)
     if not (isinstance(max_restarts, int) and max_restarts >= 0):
         raise _invalid(f"ferrodist run: --max-restarts must be a whole number >= 0, not {max_restarts!r}")
+    if min_ranks is not None and not (isinstance(min_ranks, int) and 1 <= min_ranks <= nprocs and nnodes == 1):
+        raise _invalid(
+            f"ferrodist run: -n MIN:MAX needs 1 <= MIN <= MAX and one node, not MIN={min_ranks!r}, MAX={nprocs}, "
+            f"--nnodes {nnodes}"
+        )
+    tolerate = 0 if min_ranks is None else nprocs - min_ranks
     argv = list(command)
     if module:
         argv = [sys.executable, "-u", "-m", *argv]
@@ -173,12 +183,14 @@ def run(
             file=sys.stderr,
             flush=True,
         )
-    signals = _Signals()  # before the first rank starts: a signal from now on stops the job
+    signals = Signals()  # before the first rank starts: a signal from now on stops the job
     try:
         restart = 0
         while True:
             where = _Where(nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence)
-            result, restart, started = _attempt(where, argv, console, signals, grace, log_dir, extra_env, restart)
+            result, restart, started = _attempt(
+                where, argv, console, signals, grace, log_dir, extra_env, restart, tolerate
+            )
             lost = started and result.failed_rank is None and result.failed_node is not None
             failed = result.failed_rank is not None or lost
             if result.exit_code == 0 or not failed or restart >= max_restarts or signals.seen:
@@ -214,11 +226,12 @@ def _attempt(
     where: _Where,
     argv: list[str],
     console: Console,
-    signals: _Signals,
+    signals: Signals,
     grace: float,
     log_dir: str | None,
     extra_env: dict[str, str] | None,
     attempt: int,
+    tolerate: int = 0,
 ) -> tuple[JobResult, int, bool]:
     """Start ``attempt`` of the job: place this node's ranks (alone, or meeting the other
     nodes' launchers; a member takes node 0's attempt number, as a launcher that replaces a
@@ -246,7 +259,8 @@ def _attempt(
                 return JobResult(failure.exit_code, None, (), (), failure.summary, failure.node), attempt, False
         count = str(placement.attempt)
         env = dict(extra_env or {}, FERRODIST_RESTART_COUNT=count, TORCHELASTIC_RESTART_COUNT=count)
-        return _run_ranks(placement, argv, console, signals, link, grace, log_dir, env), placement.attempt, True
+        ran = _run_ranks(placement, argv, console, signals, link, grace, log_dir, env, tolerate)
+        return ran, placement.attempt, True
     finally:
         if link is not None:
             link.close()
@@ -294,20 +308,22 @@ def _run_ranks(
     placement: Placement,
     argv: list[str],
     console: Console,
-    signals: _Signals,
+    signals: Signals,
     link: Hub | Member | None,
     grace: float,
     log_dir: str | None,
     extra_env: dict[str, str] | None,
+    tolerate: int = 0,
 ) -> JobResult:
-    """Start this node's ranks, supervise them, and return the verdict on the job."""
+    """Start this node's ranks, supervise them (up to ``tolerate`` of them may fail while the
+    others go on), and return the verdict on the job."""
     first = placement.first_rank
     errors = tempfile.mkdtemp(prefix="ferrodist-run-")
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
     logs: list[BinaryIO | None] = []
     setup = die_with(os.getpid())
-    watch: _Watch | None = None
+    watch: Watch | None = None
     try:
         for local in range(placement.local_size):
             rank = first + local
@@ -344,8 +360,8 @@ def _run_ranks(
             pumps.append(pump)
         if link is not None:
             link.start_heartbeats()
-        watch = _Watch(procs, signals, link)
-        interrupted = _supervise(watch, grace, first, console)
+        watch = Watch(procs, signals, link)
+        interrupted = supervise(watch, grace, first, console, tolerate)
         ends = [
             RankEnd(
                 first + local,
@@ -357,7 +373,7 @@ def _run_ranks(
             for local, proc in enumerate(procs)
         ]
     finally:
-        _kill_all(procs)  # nothing to do unless this failed half-way
+        kill_all(procs)  # nothing to do unless this failed half-way
         remove_shared_memory(placement.job)
         shutil.rmtree(errors, ignore_errors=True)
         for log in logs[len(pumps) :]:
@@ -367,6 +383,13 @@ def _run_ranks(
         pump.join(5)
     stopped = tuple(sorted(first + local for local in watch.stopped))
     returncodes = tuple(end.code for end in ends)
+    lost = [end.rank for end in ends if end.code != 0]
+    if link is None and interrupted is None and 0 < len(lost) <= tolerate and not watch.stopped:
+        summary = (
+            f"ferrodist run: the job finished on {len(ends) - len(lost)} of {len(ends)} ranks; ranks {lost} failed"
+        )
+        console.line(summary)
+        return JobResult(0, None, returncodes, stopped, summary)
     if link is None:
         verdict = diagnose(ends, interrupted=interrupted)
         if verdict.summary:
@@ -399,176 +422,3 @@ def _invalid(message: str) -> Exception:
     so that starting the ranks does not wait for it."""
     errors = importlib.import_module("ferrodist.core")
     return errors.InvalidArgument(message)  # type: ignore[no-any-return]
-
-
-class _Signals:
-    """SIGINT, SIGTERM and SIGHUP sent to the launcher, queued on a pipe the supervisor
-    sleeps on. Handlers can only be installed from the main thread; elsewhere none are."""
-
-    def __init__(self) -> None:
-        self.fd, self._write = os.pipe()
-        os.set_blocking(self.fd, False)
-        os.set_blocking(self._write, False)
-        self._previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for signum in _FORWARDED:
-                self._previous[signum] = signal.signal(signum, self._handle)
-
-    seen = False  # a signal arrived (then the job is not restarted)
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        self.seen = True
-        with contextlib.suppress(OSError):
-            os.write(self._write, bytes([signum]))
-
-    def take(self) -> int | None:
-        """The next signal received, or ``None``."""
-        try:
-            data = os.read(self.fd, 1)
-        except BlockingIOError:
-            return None
-        return data[0] if data else None
-
-    def close(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        os.close(self.fd)
-        os.close(self._write)
-
-
-class _Watch:
-    """The ranks as the supervisor sees them: the order they exit in (from their pidfds, or
-    polling every 50 ms where there are none), and the signal it first sent each rank
-    that was still running."""
-
-    def __init__(
-        self, procs: list[subprocess.Popen[bytes]], signals: _Signals, link: Hub | Member | None = None
-    ) -> None:
-        self.procs = procs
-        self.signals = signals
-        self.link = link
-        self.started = time.monotonic()
-        self.exited: list[int] = []
-        self.exited_at: dict[int, float] = {}
-        self.stopped: dict[int, int] = {}
-        self._pidfds: dict[int, int] = {}  # rank -> pidfd, while it runs
-        for rank, proc in enumerate(procs):
-            try:
-                self._pidfds[rank] = os.pidfd_open(proc.pid)
-            except (AttributeError, OSError):
-                break
-        else:
-            return
-        self.close()  # some but not all: poll them all
-
-    def order(self, rank: int) -> int:
-        return self.exited.index(rank) if rank in self.exited else len(self.exited)
-
-    def running(self) -> list[int]:
-        return [rank for rank in range(len(self.procs)) if rank not in self.exited]
-
-    def failed(self) -> bool:
-        return any(self.procs[rank].returncode != 0 for rank in self.exited)
-
-    def wait(self, deadline: float | None) -> int | None:
-        """Sleep until a rank exits, a signal arrives, or ``deadline`` (monotonic) passes;
-        returns the signal, if one arrived."""
-        signum = self.signals.take()
-        if signum is None and not self._reap():
-            polling = not self._pidfds and bool(self.running())
-            timeout = 0.05 if polling else 1.0
-            links = self.link.fds() if self.link is not None else []
-            if self.link is not None:
-                timeout = min(timeout, HEARTBEAT)
-            if deadline is not None:
-                timeout = min(timeout, max(0.0, deadline - time.monotonic()))
-            select.select([self.signals.fd, *self._pidfds.values(), *links], [], [], timeout)
-            signum = self.signals.take()
-        self._reap()
-        if self.link is not None:
-            self.link.poll()
-        return signum
-
-    def send(self, signum: int) -> None:
-        """``signum`` to every rank's process group (a rank that exited may have left
-        children there); a rank still running counts as stopped by it."""
-        self._reap()
-        for rank, proc in enumerate(self.procs):
-            if rank not in self.exited:
-                self.stopped.setdefault(rank, signum)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signum)  # the rank and anything it started
-
-    def groups_alive(self) -> bool:
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, 0)
-            except (ProcessLookupError, PermissionError):
-                continue
-            return True
-        return False
-
-    def _reap(self) -> bool:
-        """Note the ranks that exited since last time; True if there was one."""
-        found = False
-        for rank, proc in enumerate(self.procs):
-            if rank not in self.exited and proc.poll() is not None:
-                self.exited.append(rank)
-                self.exited_at[rank] = time.monotonic()
-                found = True
-                fd = self._pidfds.pop(rank, None)
-                if fd is not None:
-                    os.close(fd)
-        return found
-
-    def close(self) -> None:
-        """Close the pidfds of the ranks still running (the supervisor is done)."""
-        for fd in self._pidfds.values():
-            os.close(fd)
-        self._pidfds.clear()
-
-
-def _supervise(watch: _Watch, grace: float, first: int = 0, console: Console | None = None) -> int | None:
-    """Wait for the ranks, stop them after a failure, a signal or (several nodes) another
-    node's failure, and reap them all. Returns the signal the launcher received first, if
-    that is what stopped the job. ``first``: the global rank of local rank 0."""
-    interrupted = None
-    link = watch.link
-    try:
-        while watch.running() and not watch.failed():
-            interrupted = watch.wait(None)
-            if interrupted is not None or (link is not None and link.remote_stop is not None):
-                break
-        if link is not None:
-            if interrupted is not None:
-                link.report(f"its launcher was interrupted by {signal_name(interrupted)}", interrupted)
-            elif watch.failed():
-                local = next(r for r in watch.exited if watch.procs[r].returncode != 0)
-                link.report(f"rank {first + local} {describe(int(watch.procs[local].returncode or 0))}")
-            elif link.remote_stop is not None and watch.running() and console is not None:
-                console.line(f"ferrodist run: node {link.node} stops its ranks: {link.remote_stop}")
-        # After a failure: SIGTERM; after a signal: that signal; after success: SIGTERM to
-        # what the ranks left in their process groups. SIGKILL after the grace period.
-        watch.send(interrupted or signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while (watch.running() or watch.groups_alive()) and time.monotonic() < deadline:
-            if watch.wait(min(deadline, time.monotonic() + 0.05)) is not None:
-                break  # signalled again: no more waiting
-        watch.send(signal.SIGKILL)
-        for proc in watch.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-        watch.wait(time.monotonic())
-    finally:
-        watch.close()
-    return interrupted
-
-
-def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGKILL the process group of every rank that is still running, and reap it."""
-    for proc in procs:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)

@@ -1,0 +1,206 @@
+"""Watching one node's ranks: the signals the launcher receives (``Signals``), the order the
+ranks exit in (``Watch``), and ``supervise``: wait for them, stop them after a failure (or
+more failures than an elastic job tolerates) or a signal, and reap them all."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+from ._nodes.hub import Hub
+from ._nodes.link import HEARTBEAT
+from ._nodes.member import Member
+from ._output import Console
+from ._verdict import describe, signal_name
+
+#: The signals the launcher passes on to the ranks.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Signals:
+    """SIGINT, SIGTERM and SIGHUP sent to the launcher, queued on a pipe the supervisor
+    sleeps on. Handlers can only be installed from the main thread; elsewhere none are."""
+
+    def __init__(self) -> None:
+        self.fd, self._write = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._write, False)
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in FORWARDED:
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    seen = False  # a signal arrived (then the job is not restarted)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.seen = True
+        with contextlib.suppress(OSError):
+            os.write(self._write, bytes([signum]))
+
+    def take(self) -> int | None:
+        """The next signal received, or ``None``."""
+        try:
+            data = os.read(self.fd, 1)
+        except BlockingIOError:
+            return None
+        return data[0] if data else None
+
+    def close(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        os.close(self.fd)
+        os.close(self._write)
+
+
+class Watch:
+    """The ranks as the supervisor sees them: the order they exit in (from their pidfds, or
+    polling every 50 ms where there are none), and the signal it first sent each rank
+    that was still running."""
+
+    def __init__(
+        self, procs: list[subprocess.Popen[bytes]], signals: Signals, link: Hub | Member | None = None
+    ) -> None:
+        self.procs = procs
+        self.signals = signals
+        self.link = link
+        self.started = time.monotonic()
+        self.exited: list[int] = []
+        self.exited_at: dict[int, float] = {}
+        self.stopped: dict[int, int] = {}
+        self._pidfds: dict[int, int] = {}  # rank -> pidfd, while it runs
+        for rank, proc in enumerate(procs):
+            try:
+                self._pidfds[rank] = os.pidfd_open(proc.pid)
+            except (AttributeError, OSError):
+                break
+        else:
+            return
+        self.close()  # some but not all: poll them all
+
+    def order(self, rank: int) -> int:
+        return self.exited.index(rank) if rank in self.exited else len(self.exited)
+
+    def running(self) -> list[int]:
+        return [rank for rank in range(len(self.procs)) if rank not in self.exited]
+
+    def failures(self) -> int:
+        return sum(self.procs[rank].returncode != 0 for rank in self.exited)
+
+    def wait(self, deadline: float | None) -> int | None:
+        """Sleep until a rank exits, a signal arrives, or ``deadline`` (monotonic) passes;
+        returns the signal, if one arrived."""
+        signum = self.signals.take()
+        if signum is None and not self._reap():
+            polling = not self._pidfds and bool(self.running())
+            timeout = 0.05 if polling else 1.0
+            links = self.link.fds() if self.link is not None else []
+            if self.link is not None:
+                timeout = min(timeout, HEARTBEAT)
+            if deadline is not None:
+                timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+            select.select([self.signals.fd, *self._pidfds.values(), *links], [], [], timeout)
+            signum = self.signals.take()
+        self._reap()
+        if self.link is not None:
+            self.link.poll()
+        return signum
+
+    def send(self, signum: int) -> None:
+        """``signum`` to every rank's process group (a rank that exited may have left
+        children there); a rank still running counts as stopped by it."""
+        self._reap()
+        for rank, proc in enumerate(self.procs):
+            if rank not in self.exited:
+                self.stopped.setdefault(rank, signum)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signum)  # the rank and anything it started
+
+    def groups_alive(self) -> bool:
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                continue
+            return True
+        return False
+
+    def _reap(self) -> bool:
+        """Note the ranks that exited since last time; True if there was one."""
+        found = False
+        for rank, proc in enumerate(self.procs):
+            if rank not in self.exited and proc.poll() is not None:
+                self.exited.append(rank)
+                self.exited_at[rank] = time.monotonic()
+                found = True
+                fd = self._pidfds.pop(rank, None)
+                if fd is not None:
+                    os.close(fd)
+        return found
+
+    def close(self) -> None:
+        """Close the pidfds of the ranks still running (the supervisor is done)."""
+        for fd in self._pidfds.values():
+            os.close(fd)
+        self._pidfds.clear()
+
+
+def supervise(
+    watch: Watch, grace: float, first: int = 0, console: Console | None = None, tolerate: int = 0
+) -> int | None:
+    """Wait for the ranks, stop them after a failure (more than ``tolerate``), a signal or
+    (several nodes) another node's failure, and reap them all. Returns the signal the
+    launcher received first, if that is what stopped the job. ``first``: the global rank of
+    local rank 0."""
+    interrupted = None
+    link = watch.link
+    try:
+        while watch.running() and watch.failures() <= tolerate:
+            failed = watch.failures()
+            interrupted = watch.wait(None)
+            if interrupted is not None or (link is not None and link.remote_stop is not None):
+                break
+            if failed < watch.failures() <= tolerate and console is not None:
+                lost = [first + r for r in watch.exited if watch.procs[r].returncode != 0]
+                left = len(watch.procs) - len(lost)
+                console.line(
+                    f"ferrodist run: ranks {lost} failed; the other {left} go on (at least {len(watch.procs) - tolerate} must)"
+                )
+        if link is not None:
+            if interrupted is not None:
+                link.report(f"its launcher was interrupted by {signal_name(interrupted)}", interrupted)
+            elif watch.failures():
+                local = next(r for r in watch.exited if watch.procs[r].returncode != 0)
+                link.report(f"rank {first + local} {describe(int(watch.procs[local].returncode or 0))}")
+            elif link.remote_stop is not None and watch.running() and console is not None:
+                console.line(f"ferrodist run: node {link.node} stops its ranks: {link.remote_stop}")
+        # After a failure: SIGTERM; after a signal: that signal; after success: SIGTERM to
+        # what the ranks left in their process groups. SIGKILL after the grace period.
+        watch.send(interrupted or signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while (watch.running() or watch.groups_alive()) and time.monotonic() < deadline:
+            if watch.wait(min(deadline, time.monotonic() + 0.05)) is not None:
+                break  # signalled again: no more waiting
+        watch.send(signal.SIGKILL)
+        for proc in watch.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+        watch.wait(time.monotonic())
+    finally:
+        watch.close()
+    return interrupted
+
+
+def kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL the process group of every rank that is still running, and reap it."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
