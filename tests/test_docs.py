@@ -5,7 +5,7 @@ the last non-blank line above its fence:
 
 - ``<!-- doc-test: skip (REASON) -->``: not run here; the test reports it skipped with REASON
   (a block that needs a CUDA GPU, several nodes, a cluster);
-- ``<!-- doc-test: ferrodist run -n N -->``: run under ``ferrodist run -n N``;
+- ``<!-- doc-test: ferrodist run -n N -->``: run under ``ferrodist run -n N`` (or ``-n MIN:MAX``);
 - ``<!-- doc-test: python -->``: run as one process;
 - a note in parentheses after ``python`` or ``ferrodist run -n N`` is for the reader;
 - no marker: a block that calls ``init_process_group`` (other than the ``"simulated"``
@@ -44,7 +44,7 @@ PARALLEL = 2
 KNOWN_FAILURES: list[tuple[str, str, str]] = []
 
 MARKER = re.compile(r"<!--\s*doc-test:\s*(.*?)\s*-->")
-RUN_N = re.compile(r"ferrodist run -n (\d+)")
+RUN_N = re.compile(r"ferrodist run -n (\d+(?::\d+)?)")
 
 
 @dataclass(frozen=True)
@@ -70,15 +70,15 @@ class Block:
             ranks = RUN_N.fullmatch(how)
             if ranks is None:
                 raise ValueError(f"{self.id}: unknown doc-test marker {marker!r}")
-            return _ferrodist_run(int(ranks.group(1)), script)
+            return _ferrodist_run(ranks.group(1), script)
         if re.search(r"init_process_group\((?!\s*[\"']simulated[\"'])", self.code):
             ranks = RUN_N.search(self.code)
-            return _ferrodist_run(int(ranks.group(1)) if ranks else 2, script)
+            return _ferrodist_run(ranks.group(1) if ranks else "2", script)
         return [sys.executable, str(script)]
 
 
-def _ferrodist_run(n: int, script: Path) -> list[str]:
-    return [sys.executable, "-m", "ferrodist.launch", "run", "-n", str(n), str(script)]
+def _ferrodist_run(n: str, script: Path) -> list[str]:
+    return [sys.executable, "-m", "ferrodist.launch", "run", "-n", n, str(script)]
 
 
 def blocks(page: Path) -> list[Block]:
