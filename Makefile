@@ -39,10 +39,12 @@ test: $(STAMP)
 	$(BIN)/ferrodist warm
 	FERRODIST_REQUIRE_MPI=1 FERRODIST_REQUIRE_NCCL_VERSIONS=1 PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
-# The long chaos run: 500 random schedules of collectives under random faults (make test runs 24).
+# The long chaos run: 500 random schedules of collectives under random faults, and 500 elastic
+# trainings under faults (make test runs 24 and 12).
 chaos: $(STAMP)
-	FERRODIST_CHAOS_SCHEDULES=$${FERRODIST_CHAOS_SCHEDULES:-500} PATH="$(CURDIR)/$(BIN):$$PATH" \
-		$(BIN)/python -m pytest -q -s tests/integration/test_chaos.py
+	FERRODIST_CHAOS_SCHEDULES=$${FERRODIST_CHAOS_SCHEDULES:-500} \
+	FERRODIST_ELASTIC_SCHEDULES=$${FERRODIST_ELASTIC_SCHEDULES:-500} PATH="$(CURDIR)/$(BIN):$$PATH" \
+		$(BIN)/python -m pytest -q -s tests/integration/test_chaos.py tests/integration/test_elastic_chaos.py
 
 # torch's own distributed suite on every transport at 2, 3 and 4 ranks, and on Gloo for the
 # lists of what it passes (make test runs shm at 4 ranks and tcp at 2).

@@ -79,6 +79,7 @@ SOURCES: dict[str, Source] = {
     ),
     "ddp": Source(("python", "bench/ddp/run.py", "--rounds", "3", "--json", "{json}"), needs="torch"),
     "torch_suite": Source(("python", "bench/torch/suite.py", "--ranks", "4", "--json", "{json}"), needs="torch"),
+    "recovery": Source(("python", "bench/elastic/recovery.py", "--json", "{json}"), runs=3, needs="torch"),
     "kernels": Source(("python", "bench/core/kernels.py", "--inplace", "--json", "{json}")),
     "crowded": Source(
         ("python", "bench/crowded.py", "--figures", "--json", "{json}"), runs=3, needs="torch and mpi4py"
@@ -289,6 +290,43 @@ def _torch_suite() -> str:
             f"{len(result['passed'])} of {result['tests']} | {missed} |"
         )
     return "\n".join(lines) + f"\n\nAt {run['ranks']} ranks. " + provenance("torch_suite") + "\n"
+
+
+@renderer("recovery")
+def _recovery() -> str:
+    rec = load("recovery")
+    runs = rec["runs"]
+    first = runs[0]
+    lines = [
+        "| backend | path | kill -> the job's next step done | steps done again | whole job |",
+        "|---|---|---|---|---|",
+    ]
+    for backend in first["backends"]:
+        got = {
+            mode: {
+                key: median([run["backends"][backend][mode][key] for run in runs])
+                for key in first["backends"][backend][mode]
+            }
+            for mode in ("elastic", "restart")
+        }
+        e, r = got["elastic"], got["restart"]
+        lines.append(
+            f"| {backend} | in place (`-n 3:4`, `ferrodist.elastic`) | {duration(e['recovery_s'])} | "
+            f"{e['redone_steps']:.0f} | {duration(e['job_s'])} |"
+        )
+        lines.append(
+            f"| {backend} | restart (`--max-restarts 1`, a checkpoint every 10 steps) | {duration(r['recovery_s'])} | "
+            f"{r['redone_steps']:.0f} | {duration(r['job_s'])} |"
+        )
+        lines.append(
+            f"| {backend} | in place is | **{ratio(r['recovery_s'] / e['recovery_s'])} faster** | | "
+            f"{ratio(r['job_s'] / e['job_s'])} faster |"
+        )
+    said = (
+        f"{first['ranks']} ranks, DDP on a 2.1 M-parameter MLP, {first['steps']} steps; rank {first['victim']} "
+        f"killed (`kill -9`) at step {first['kill_at']}."
+    )
+    return "\n".join(lines) + "\n\n" + said + " " + provenance("recovery") + "\n"
 
 
 @renderer("launchers")

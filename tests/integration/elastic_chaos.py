@@ -1,0 +1,204 @@
+"""Elastic chaos: random trainings under ``ferrodist.elastic.run`` with random faults during
+the steps and during the recoveries, in real processes.
+
+A schedule (``make_schedule(seed)``, all drawn from the seed): 2 to 4 ranks, shm or tcp,
+started by hand or by ``ferrodist run -n MIN:MAX``, 8 to 16 steps of an all_reduce with a
+commit every 2 to 4 steps (scripts/elastic_chaos.py), and one or two faults: a kill (at a
+step, or as the rank enters the shrink of a recovery), a stop past the timeout and the
+shrink's window (at a step or in the shrink), a stop under the timeout, a slow rank, or an
+exception of the rank's own.
+
+``run_schedule`` runs it and returns the violations of the invariant:
+
+- no step returns a wrong value (each is checked against the members of its group);
+- the survivors agree: every rank that finished holds the same members and, to the bit,
+  the same total, which is the sum of each step's values over the members of the group
+  that last did that step; every recovery made the same group on every rank that logged it;
+- a rank is in that final group, or was killed, or raised its own exception, or was told
+  it is out (``Excluded``, naming that group), or found no majority (``Excluded`` with no
+  group, only where no rank finished); a killed rank is never in it, and a harmless fault
+  (a short stop, a slow rank) leaves every rank in it with no recovery at all;
+- every recovery ends within the shrink's deadline plus ``SLACK``; the job ends within
+  ``JOB_LIMIT``; no process outlives it and no ``/dev/shm/ferrodist-*`` file is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos import _alive, _free_port, load, runnable, shm_files
+
+SCRIPT = Path(__file__).parent / "scripts" / "elastic_chaos.py"
+TIMEOUT = 1.5  # the group's timeout
+WINDOW = 0.5  # the shrink's window
+SHRINK_TIMEOUT = 8.0
+SLACK = 1.0
+JOB_LIMIT = 90.0
+KINDS = ("kill", "kill", "kill-in-shrink", "stop", "stop-in-shrink", "stop-short", "slow", "raise")
+
+
+def value(step: int, rank: int) -> float:
+    return float(step * 1000 + rank + 1)
+
+
+def make_schedule(seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    ranks = rng.choice((2, 3, 3, 4, 4))
+    steps = rng.randint(8, 16)
+    kind = rng.choice(KINDS)
+    first = {"rank": rng.randrange(ranks), "step": rng.randrange(1, steps - 1), "seconds": 0.0}
+    faults = []
+    if kind in ("kill-in-shrink", "stop-in-shrink"):
+        # a kill at a step starts a recovery; a second rank fails as it enters the shrink
+        faults.append({**first, "kind": "kill"})
+        other = rng.choice([r for r in range(ranks) if r != first["rank"]])
+        late = "kill" if kind == "kill-in-shrink" else "stop"
+        faults.append({"rank": other, "step": -1, "in_shrink": True, "kind": late, "seconds": 0.0})
+    else:
+        faults.append({**first, "kind": kind})
+    for fault in faults:
+        if fault["kind"] == "stop":
+            fault["seconds"] = round(TIMEOUT + 3 * WINDOW + rng.uniform(0.5, 2.0), 2)
+        elif fault["kind"] in ("stop-short", "slow"):
+            fault["kind"] = "stop" if fault["kind"] == "stop-short" else "slow"
+            fault["seconds"] = round(rng.uniform(0.1, 0.4), 2)
+            fault["harmless"] = True
+    return {
+        "seed": seed,
+        "ranks": ranks,
+        "backend": rng.choice(("shm", "tcp")),
+        "launch": rng.choice(("hand", "run")),
+        "steps": steps,
+        "every": rng.randint(2, 4),
+        "n": rng.choice((1, 1000, 70_000)),
+        "timeout": TIMEOUT,
+        "window": WINDOW,
+        "shrink_timeout": SHRINK_TIMEOUT,
+        "faults": faults,
+        "kind": kind,
+    }
+
+
+def _start(schedule: dict[str, Any], outdir: Path) -> list[subprocess.Popen[bytes]]:
+    spec, n = json.dumps(schedule), schedule["ranks"]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": open(outdir / "stderr.txt", "wb")}
+    if schedule["launch"] == "run":
+        command = [sys.executable, "-m", "ferrodist.launch", "run", "-n", f"1:{n}", "--grace", "3"]
+        return [subprocess.Popen([*command, str(SCRIPT), spec, str(outdir)], **quiet)]  # type: ignore[call-overload]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(n))
+    return [
+        subprocess.Popen([sys.executable, str(SCRIPT), spec, str(outdir)], env=dict(env, RANK=str(r)), **quiet)  # type: ignore[call-overload]
+        for r in range(n)
+    ]
+
+
+def run_schedule(schedule: dict[str, Any], outdir: Path) -> list[str]:
+    """Run one schedule; the invariant's violations (empty: none), each with the load."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    before = shm_files()
+    seed = schedule["seed"]
+    schedule["load"], schedule["runnable"] = load(), runnable()
+    processes = _start(schedule, outdir)
+    deadline = time.monotonic() + JOB_LIMIT
+    violations = []
+    for process in processes:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            violations.append(f"seed {seed}: the job was still running after {JOB_LIMIT:g} s (a hang)")
+            break
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+    time.sleep(0.2)
+    for pid_file in outdir.glob("pid*"):
+        pid = int(pid_file.read_text())
+        if _alive(pid):
+            violations.append(f"seed {seed}: rank {pid_file.name[3:]} (pid {pid}) outlived the job")
+            os.kill(pid, signal.SIGKILL)
+    left = shm_files() - before
+    if left:
+        violations.append(f"seed {seed}: files left in /dev/shm: {sorted(left)}")
+    violations += check_logs(schedule, outdir)
+    said = f"[load {schedule['load']:.1f}, {schedule['runnable']} runnable at the start]"
+    return [f"{violation} {said}" for violation in violations]
+
+
+def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
+    seed, violations = schedule["seed"], []
+    logs: dict[int, list[dict[str, Any]]] = {}
+    for rank in range(schedule["ranks"]):
+        path = outdir / f"rank{rank}.jsonl"
+        logs[rank] = (
+            [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        )
+    outcome = {rank: next((e for e in entries if "outcome" in e), None) for rank, entries in logs.items()}
+    struck = {rank: [e["fault"] for e in entries if "fault" in e] for rank, entries in logs.items()}
+    killed = {rank for rank, kinds in struck.items() if "kill" in kinds}
+    harmless = all(fault.get("harmless") for fault in schedule["faults"])
+    for rank, entries in logs.items():
+        for entry in entries:
+            if "step" in entry and not entry["ok"]:
+                violations.append(f"seed {seed}: rank {rank}, step {entry['step']} on {entry['members']}: WRONG RESULT")
+            if entry.get("recovery") and entry["seconds"] > SHRINK_TIMEOUT + 2 * TIMEOUT + SLACK:
+                violations.append(f"seed {seed}: rank {rank}'s recovery took {entry['seconds']:.1f} s")
+    done = {rank: e for rank, e in outcome.items() if e is not None and e["outcome"] == "done"}
+    finals = {tuple(e["members"]) for e in done.values()}
+    if len(finals) > 1:
+        violations.append(f"seed {seed}: the ranks that finished hold different groups: {sorted(finals)}")
+    final = next(iter(finals)) if finals else None
+    if done:
+        totals = {tuple(e["total"]) for e in done.values()}
+        if len(totals) > 1:
+            violations.append(f"seed {seed}: the ranks that finished hold different totals")
+        some = next(iter(done))
+        last: dict[int, list[int]] = {}
+        for entry in logs[some]:
+            if "step" in entry:
+                last[entry["step"]] = entry["members"]
+        want = sum(value(step, r) for step, members in last.items() for r in members)
+        got = next(iter(done.values()))["total"][0]
+        if sorted(last) != list(range(schedule["steps"])) or got != want:
+            violations.append(f"seed {seed}: the total {got} is not the replay of the steps' members ({want})")
+    recoveries: dict[int, set[tuple[int, ...]]] = {}
+    for entries in logs.values():
+        for k, entry in enumerate(e for e in entries if e.get("recovery")):
+            recoveries.setdefault(k, set()).add(tuple(entry["members"]))
+    for k, groups in recoveries.items():
+        if len(groups) > 1:
+            violations.append(f"seed {seed}: recovery {k} made different groups on different ranks: {sorted(groups)}")
+    for rank in range(schedule["ranks"]):
+        end = outcome[rank]
+        if final is not None and rank in final:
+            if rank not in done:
+                violations.append(f"seed {seed}: rank {rank} is in the final group {final} but ended with {end}")
+            if rank in killed:
+                violations.append(f"seed {seed}: the killed rank {rank} is in the final group {final}")
+        elif rank in killed:
+            continue
+        elif end is None:
+            violations.append(f"seed {seed}: rank {rank} left no outcome (it crashed or hung)")
+        elif end["outcome"] == "raised":
+            continue
+        elif end["outcome"] == "excluded":
+            if end["survivors"] and final is not None and tuple(end["survivors"]) != final:
+                violations.append(f"seed {seed}: rank {rank} was told of group {end['survivors']}, not {final}")
+            if not end["survivors"] and final is not None and rank in final:
+                violations.append(f"seed {seed}: rank {rank} found no majority but is in the final group")
+        else:
+            violations.append(f"seed {seed}: rank {rank} is outside the final group {final} and ended with {end}")
+    if harmless:
+        if final != tuple(range(schedule["ranks"])):
+            violations.append(f"seed {seed}: a harmless fault, but the final group is {final} ({outcome})")
+        if recoveries:
+            violations.append(f"seed {seed}: a harmless fault caused a recovery")
+    return violations
