@@ -192,3 +192,19 @@ def test_a_shrunk_group_shrinks_again_and_keeps_its_subgroups_apart():
 
     results = run_world(4, rank_main)
     assert results[0] == results[1] == ((0, 1), "world/0.1.2/0.1", 2.0)
+
+
+def test_the_survivors_of_a_lost_node_shrink_a_two_level_world():
+    """Two simulated nodes of two ranks; node 1's ranks leave at once: node 0's shrink."""
+
+    def rank_main():
+        _fail_world({2, 3})
+        world = dist.default_group()
+        if world.rank in (2, 3):
+            return None
+        group = world.shrink(timeout=10)
+        x = np.array([float(world.rank + 1)])
+        group.all_reduce(x)
+        return group.ranks, x[0]
+
+    assert run_world(4, rank_main, nodes=[2, 2]) == [((0, 1), 3.0), ((0, 1), 3.0), None, None]

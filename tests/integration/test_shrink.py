@@ -24,9 +24,17 @@ def start(n: int, *args: str) -> list[subprocess.Popen[bytes]]:
         port = probe.getsockname()[1]
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
     return [
-        subprocess.Popen([sys.executable, str(SCRIPT), *args], env=dict(env, RANK=str(r)), stderr=subprocess.PIPE)
+        subprocess.Popen([sys.executable, str(SCRIPT), *args], env=dict(env, **_place(r, args)), stderr=subprocess.PIPE)
         for r in range(n)
     ]
+
+
+def _place(rank: int, args: tuple[str, ...]) -> dict[str, str]:
+    """The variables of a rank: with backend levels, two simulated nodes (ranks 0-1, 2-3),
+    as a launcher per node would say."""
+    if "levels" not in args:
+        return {"RANK": str(rank)}
+    return {"RANK": str(rank), "GROUP_RANK": str(rank // 2), "LOCAL_RANK": str(rank % 2), "LOCAL_WORLD_SIZE": "2"}
 
 
 def finish(ranks: list[subprocess.Popen[bytes]], outdir: Path) -> tuple[list[int | None], dict[int, dict]]:
@@ -57,6 +65,18 @@ def test_the_survivors_of_a_killed_rank_shrink_and_go_on_exactly(tmp_path, backe
         assert result["shrunk_to"] == live and result["wrong"] == [], result
         # the kill, its detection, the shrink and the next step: well within 2 s of wall clock
         assert result["recovered"] - lost_at < 2.0, result
+
+
+def test_the_survivors_of_a_lost_node_of_a_two_level_job_shrink_and_go_on(tmp_path):
+    """Two simulated nodes of two ranks each over the levels backend; both ranks of node 1
+    are killed at the same step: node 0's ranks shrink to a group of two and go on."""
+    ranks = start(4, "kill", str(tmp_path), "levels", "2,3")
+    codes, results = finish(ranks, tmp_path)
+    errors = {r: p.stderr.read().decode()[-2000:] for r, p in enumerate(ranks) if p.stderr}  # type: ignore[union-attr]
+    assert codes == [0, 0, -9, -9], errors
+    for r in (0, 1):
+        assert results[r]["outcome"] == "done" and results[r]["ranks"] == [0, 1], results[r]
+        assert results[r]["shrunk_to"] == [0, 1] and results[r]["wrong"] == [], results[r]
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm"])
