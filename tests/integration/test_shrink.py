@@ -116,3 +116,29 @@ def test_an_elastic_launch_stops_the_job_below_its_minimum(tmp_path):
     done = subprocess.run([*command, "tcp", "1,2"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 137, done.stdout + done.stderr
     assert re.search(r"rank [12] was killed by SIGKILL", done.stdout + done.stderr), done.stdout + done.stderr
+
+
+def test_a_replacement_joins_at_a_commit_point_and_gets_the_state_from_a_peer(tmp_path):
+    """``ferrodist run -n 3:4``: rank 3 is killed, the other three go on, the launcher starts
+    a replacement that joins their group at a commit point (within 5 s of its start) with
+    the state sent by a peer, and all four finish with the same parameters, to the bit."""
+    script = Path(__file__).parent / "scripts" / "grow.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "ferrodist.launch", "run", "-n", "3:4", str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 3's replacement starts" in done.stdout, done.stdout
+    records = [json.loads(f.read_text()) for f in tmp_path.glob("rank*.json")]
+    assert len(records) == 4, done.stdout
+    assert all(r["ranks"] == [0, 1, 2, 3] for r in records), records
+    assert len({r["params"] for r in records}) == 1  # the replacement holds what the others hold
+    (joined,) = [r for r in records if r["replacement"]]
+    step, members, age = joined["calls"][0]
+    assert members == [0, 1, 2, 3] and 13 <= step < 60, joined["calls"]
+    assert age < 5.0, joined["calls"]  # back at four ranks within 5 s of the replacement's start
+    for r in records:
+        if not r["replacement"]:
+            assert [c[1] for c in r["calls"]] == [[0, 1, 2, 3], [0, 1, 2], [0, 1, 2, 3]], r["calls"]

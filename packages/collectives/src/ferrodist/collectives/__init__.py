@@ -46,6 +46,7 @@ from ._api.default_group import (
     is_initialized,
     new_group,
 )
+from ._api.replacements import admit_replacements, is_replacement
 from ._api.shared import reads_in_place, shared_zeros, shares_memory
 from ._api.torch_names import (
     all_gather_single,
@@ -73,6 +74,7 @@ __all__ = [
     "SimulatedTransport",
     "Transport",
     "Work",
+    "admit_replacements",
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_object",
@@ -104,6 +106,7 @@ __all__ = [
     "irecv",
     "is_available",
     "is_initialized",
+    "is_replacement",
     "isend",
     "local_address",
     "monitored_barrier",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ferrodist.core import (
@@ -40,7 +40,7 @@ from ._algorithms.select import all_reduce_algorithm
 from ._call import subgroup_channel
 from ._checks import Blocks, Checker, device_blocks, on_group, split_equally, subgroup_members, wire_dtype
 from ._device import DeviceRoute, device_type, requested_route
-from ._failures import agreement, blame
+from ._failures import agreement, blame, replacements
 from ._fingerprint import fingerprint
 from ._p2p import Messages
 from ._route import Route
@@ -175,15 +175,22 @@ class ProcessGroup:
 
     def _derive(self, ranks: Sequence[int], timeout: float | None, cuda_route: str | None = None) -> ProcessGroup:
         """A group of some of this group's ranks (global ranks), shut down along with this one."""
-        group_id = next(self._child_ids)
-        child = self._made(ranks, group_id, f"{group_id}{list(ranks)}", timeout, cuda_route, native=True)
+        child = self._made(ranks, f"{(i := next(self._child_ids))}{list(ranks)}", i, timeout, cuda_route, native=True)
         self._children.add(child)
         return child
 
     def _made(
-        self, ranks: Sequence[int], group_id: int, name: str, timeout: float | None, route: str | None, native: bool
+        self,
+        ranks: Sequence[int],
+        name: str,
+        group_id: int | None = None,
+        timeout: float | None = None,
+        route: str | None = None,
+        native: bool = False,
     ) -> ProcessGroup:
-        """A group over this one's transport, with its options unless given."""
+        """A group over this one's transport, with its options unless given (on the channel of
+        ``name``, like ``subgroup``'s, unless ``group_id`` is)."""
+        group_id = subgroup_channel(name) if group_id is None else group_id
         timeout, route = self._timeout if timeout is None else timeout, route or self._route.devices.requested
         t, d = self._transport, self._debug
         return ProcessGroup(t, ranks, group_id, timeout=timeout, name=name, debug=d, cuda_route=route, native=native)
@@ -204,7 +211,7 @@ class ProcessGroup:
                 rank=self._global_rank,
                 operation="subgroup",
             )
-        child = self._made(members, channel, name, timeout, None, native=False)
+        child = self._made(members, name, channel, timeout)
         self._named[channel] = (name, child)
         self._children.add(child)
         return child
@@ -518,14 +525,9 @@ class ProcessGroup:
     def monitored_barrier(self, *, timeout: Timeout = None, wait_all_ranks: bool = False) -> None:
         """Return once every rank of the group has entered; otherwise raise on every rank,
         within ``timeout`` (seconds or a ``timedelta``; default the group's) plus a second,
-        with group rank 0 naming the ranks that did not arrive.
-
-        Example (rank 2 of 3 never calls it)::
-
-            group.monitored_barrier(timeout=5)
-            # rank 0: CollectiveTimeout: ... rank 2 did not arrive within 5 s ...
-            # rank 1: CollectiveTimeout: ... rank 0 aborted the group after a failure there: ...
-        """
+        with group rank 0 naming the ranks that did not arrive (rank 2 of 3 missing: rank 0
+        raises ``CollectiveTimeout: ... rank 2 did not arrive within 5 s``, rank 1 that rank
+        0 aborted the group)."""
         check = self._checker("monitored_barrier")
         if not isinstance(wait_all_ranks, bool):
             raise check.fail(f"wait_all_ranks must be True or False, not {wait_all_ranks!r}")
@@ -568,23 +570,21 @@ class ProcessGroup:
     def shrink(
         self, *, exclude: Sequence[int] = (), timeout: Timeout = None, window: float | None = None
     ) -> ProcessGroup:
-        """The live members as a new group over the same transport, renumbered in order: the
-        survivors of a failure call it (see ``_failures.agreement``), and each gets the same members; a live
-        rank left out raises ``Excluded``. ``exclude``: group ranks that take no part (every
-        other must); ``timeout``: the deadline (default the group's); ``window``: how long each
-        round waits for a member that has not answered (default 5 s).
-
-        Example (rank 2 of 4 was killed)::
-
-            group = group.shrink()    # ranks 0, 1, 3 -> group ranks 0, 1, 2
-        """
+        """The live members as a new group over the same transport, renumbered in order (rank 2
+        of 4 killed: ranks 0, 1, 3 -> 0, 1, 2): the survivors of a failure call it (see
+        ``_failures.agreement``), and each gets the same members; a live rank left out raises
+        ``Excluded``. ``exclude``: group ranks that take no part (every other must); ``timeout``:
+        the deadline (default the group's); ``window``: how long each round waits for a member."""
         self._shrinks += 1
-        limit, me = self._runner.limit(timeout, "shrink"), self.member_rank("shrink")
-        members = agreement.live_members(
-            self._transport, self._ranks, me, self._name, exclude, limit, window, self._shrinks
-        )
-        name = f"{self._name}/{'.'.join(map(str, members))}"
-        return self._made(members, subgroup_channel(name), name, None, None, native=False)
+        limit, me, t = self._runner.limit(timeout, "shrink"), self.member_rank("shrink"), self._transport
+        members = agreement.live_members(t, self._ranks, me, self._name, exclude, limit, window, self._shrinks)
+        return self._made(members, f"{self._name}/{'.'.join(map(str, members))}")
+
+    def grow(self, joiners: Mapping[int, str], *, timeout: Timeout = None) -> ProcessGroup:
+        """This group and the replacements of lost ranks ``joiners`` (rank -> the address each
+        listens at; the same on every member) as a new group (see ``_failures.replacements``)."""
+        limit = self._runner.limit(timeout, "grow")
+        return self._made(*replacements.admitted(self._transport, self._ranks, self._name, joiners, limit))
 
     def _shutdown(self, timeout: float = 5.0) -> None:
         """Finish queued async work and stop the worker (and those of the groups derived

@@ -27,6 +27,6 @@ from __future__ import annotations
 from ferrodist.core import Excluded
 
 from ._run import run
-from ._state import Commit, State
+from ._state import Commit, Regrouped, State
 
-__all__ = ["Commit", "Excluded", "State", "run"]
+__all__ = ["Commit", "Excluded", "Regrouped", "State", "run"]

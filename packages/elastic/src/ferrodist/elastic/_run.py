@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from ferrodist.collectives import is_replacement
 from ferrodist.core import Excluded, FerrodistError, InvalidArgument
 
-from ._state import State
+from ._state import Regrouped, State
 
 T = TypeVar("T")
 
@@ -36,10 +37,12 @@ def run(
     """``train(state)`` until it returns; after a failure of the group it trains on, shrink
     the group to the live ranks, bring every rank to the newest commit and call it again.
 
-    Before the first call every rank takes rank 0's state (a commit made now, if none was),
-    so all begin alike. ``train`` reads ``state.group`` (its rank and size change after a
-    shrink: shard the data by them), trains from ``state``'s values (the step), and calls
-    ``state.commit()`` every few steps: the steps since the last commit are done again.
+    Before the first call every rank commits (if it has not), and a replacement of a lost
+    rank (see ``ferrodist run -n MIN:MAX``) gets the group's newest commit. ``train`` reads
+    ``state.group`` (its rank and size change after a shrink or a join: shard the data by
+    them), trains from ``state``'s values (the step), and calls ``state.commit()`` every few
+    steps: the steps since the last commit are done again after a failure, and replacements
+    waiting to join are taken in there (``train`` is then called again, on the larger group).
 
     Args:
         max_failures: recover from this many failures at most (default: as long as a
@@ -67,13 +70,16 @@ def run(
     """
     if max_failures is not None and max_failures < 0:
         raise InvalidArgument(f"run: max_failures must be 0 or more, not {max_failures!r}")
-    if state.commits == 0:
-        state.commit()
+    if state.commits == 0 and not is_replacement():
+        state.snapshot()
     state.sync()
     failures = 0
     while True:
         try:
             return train(state)
+        except Regrouped as grown:
+            _log.info("rank %d: %s", state.group.global_rank, grown)
+            continue
         except Excluded:
             raise
         except FerrodistError as exc:

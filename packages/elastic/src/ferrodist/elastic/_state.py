@@ -14,8 +14,20 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from ferrodist.collectives import ProcessGroup, all_gather_object, broadcast_object_list, default_group
+from ferrodist.collectives import (
+    ProcessGroup,
+    admit_replacements,
+    all_gather_object,
+    broadcast_object_list,
+    default_group,
+)
 from ferrodist.core import InvalidArgument
+
+
+class Regrouped(Exception):
+    """Raised by ``State.commit`` after replacements of lost ranks joined: the state now
+    trains on a larger group (``state.group``), every rank holding the commit just made;
+    ``ferrodist.elastic.run`` catches it and calls the training function again."""
 
 
 def _stateful(obj: Any) -> bool:
@@ -95,7 +107,18 @@ class State:
     # -- commit, restore, sync -----------------------------------------------------------------
     def commit(self) -> None:
         """Copy every object's state and every value into memory on this rank (replacing the
-        last commit). Every rank of the group commits at the same steps."""
+        last commit); then take in the replacements of lost ranks that wait to join (under
+        ``ferrodist run -n MIN:MAX``), which get the commit from a peer, and raise
+        ``Regrouped`` if any did. Every rank of the group commits at the same steps."""
+        self.snapshot()
+        grown = admit_replacements(self._group)
+        if grown is not None:
+            self._group = grown
+            self.sync()
+            raise Regrouped(f"ranks {list(grown.ranks)} train on from commit #{self._commits}")
+
+    def snapshot(self) -> None:
+        """``commit`` on this rank alone: the copy, without looking for replacements."""
         self._commits += 1
         objects = {name: copy.deepcopy(obj.state_dict()) for name, obj in self._objects.items()}
         self._commit = Commit(self._commits, objects, copy.deepcopy(self._values))

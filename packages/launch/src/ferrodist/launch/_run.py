@@ -40,6 +40,9 @@ from ._verdict import RankEnd, diagnose, read_error
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_JOIN_TIMEOUT", "DEFAULT_NODES_PORT", "JobResult", "run"]
 
+#: Where an elastic job's replacements of lost ranks say where they listen (the variable
+#: ``ferrodist.collectives`` reads; a replacement also gets ``FERRODIST_JOIN=1``).
+JOIN_DIR = "FERRODIST_JOIN_DIR"
 #: Seconds between the signal that asks the ranks to stop and SIGKILL.
 DEFAULT_GRACE = 3.0
 #: Where node 0's launcher listens for the others' when ``--master-port`` is not given (torchrun's default).
@@ -324,12 +327,28 @@ def _run_ranks(
     logs: list[BinaryIO | None] = []
     setup = die_with(os.getpid())
     watch: Watch | None = None
+    envs: list[dict[str, str]] = []
+    joins = {JOIN_DIR: os.path.join(errors, "join")} if tolerate else {}  # replacements say where they listen
+    if joins:
+        os.mkdir(joins[JOIN_DIR])
+
+    def replace(local: int) -> subprocess.Popen[bytes]:
+        """A replacement for local rank ``local``, which failed: it joins the others' group."""
+        proc = start_rank(argv, dict(envs[local], FERRODIST_JOIN="1"), setup)
+        procs[local] = proc
+        log = open(os.path.join(log_dir, f"rank-{first + local}.log"), "ab") if log_dir is not None else None
+        assert proc.stdout is not None
+        pump = threading.Thread(target=_pump, args=(proc.stdout, first + local, console, log), daemon=True)
+        pump.start()
+        pumps.append(pump)
+        return proc
+
     try:
         for local in range(placement.local_size):
             rank = first + local
             logs.append(open(os.path.join(log_dir, f"rank-{rank}.log"), "wb") if log_dir is not None else None)
             env = dict(os.environ)
-            env.update(extra_env or {})
+            env.update(extra_env or {}, **joins)
             env.update(
                 RANK=str(rank),
                 WORLD_SIZE=str(placement.world_size),
@@ -346,6 +365,7 @@ def _run_ranks(
                 PYTHONUNBUFFERED="1",
             )
             env.setdefault("PYTHONFAULTHANDLER", "1")  # a crash prints every thread's Python stack
+            envs.append(env)
             try:
                 procs.append(start_rank(argv, env, setup))
             except OSError as exc:
@@ -361,7 +381,7 @@ def _run_ranks(
         if link is not None:
             link.start_heartbeats()
         watch = Watch(procs, signals, link)
-        interrupted = supervise(watch, grace, first, console, tolerate)
+        interrupted = supervise(watch, grace, first, console, tolerate, replace if tolerate else None)
         ends = [
             RankEnd(
                 first + local,

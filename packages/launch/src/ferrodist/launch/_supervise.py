@@ -11,6 +11,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ._nodes.hub import Hub
@@ -74,6 +75,7 @@ class Watch:
         self.exited_at: dict[int, float] = {}
         self.stopped: dict[int, int] = {}
         self._pidfds: dict[int, int] = {}  # rank -> pidfd, while it runs
+        self._polling = False
         for rank, proc in enumerate(procs):
             try:
                 self._pidfds[rank] = os.pidfd_open(proc.pid)
@@ -82,6 +84,7 @@ class Watch:
         else:
             return
         self.close()  # some but not all: poll them all
+        self._polling = True
 
     def order(self, rank: int) -> int:
         return self.exited.index(rank) if rank in self.exited else len(self.exited)
@@ -89,8 +92,19 @@ class Watch:
     def running(self) -> list[int]:
         return [rank for rank in range(len(self.procs)) if rank not in self.exited]
 
+    def failed(self) -> list[int]:
+        """The ranks that exited non-zero or died, in the order they did."""
+        return [rank for rank in self.exited if self.procs[rank].returncode != 0]
+
     def failures(self) -> int:
-        return sum(self.procs[rank].returncode != 0 for rank in self.exited)
+        return len(self.failed())
+
+    def restart(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        """``proc`` (already in ``procs``) runs in the place of ``rank``, which had exited."""
+        self.exited.remove(rank)
+        self.exited_at.pop(rank, None)
+        if not self._polling:
+            self._pidfds[rank] = os.pidfd_open(proc.pid)
 
     def wait(self, deadline: float | None) -> int | None:
         """Sleep until a rank exits, a signal arrives, or ``deadline`` (monotonic) passes;
@@ -151,26 +165,37 @@ class Watch:
 
 
 def supervise(
-    watch: Watch, grace: float, first: int = 0, console: Console | None = None, tolerate: int = 0
+    watch: Watch,
+    grace: float,
+    first: int = 0,
+    console: Console | None = None,
+    tolerate: int = 0,
+    replace: Callable[[int], subprocess.Popen[bytes]] | None = None,
 ) -> int | None:
     """Wait for the ranks, stop them after a failure (more than ``tolerate``), a signal or
     (several nodes) another node's failure, and reap them all. Returns the signal the
     launcher received first, if that is what stopped the job. ``first``: the global rank of
-    local rank 0."""
+    local rank 0. ``replace(local)`` starts a replacement for a local rank that failed (an
+    elastic job; as many as there are ranks, in all)."""
     interrupted = None
     link = watch.link
+    budget = len(watch.procs) if replace is not None else 0
     try:
         while watch.running() and watch.failures() <= tolerate:
-            failed = watch.failures()
+            failed = set(watch.failed())
             interrupted = watch.wait(None)
             if interrupted is not None or (link is not None and link.remote_stop is not None):
                 break
-            if failed < watch.failures() <= tolerate and console is not None:
-                lost = [first + r for r in watch.exited if watch.procs[r].returncode != 0]
+            new = [local for local in watch.failed() if local not in failed]
+            if new and watch.failures() <= tolerate and console is not None:
+                lost = [first + r for r in watch.failed()]
                 left = len(watch.procs) - len(lost)
-                console.line(
-                    f"ferrodist run: ranks {lost} failed; the other {left} go on (at least {len(watch.procs) - tolerate} must)"
-                )
+                said = f"ferrodist run: ranks {lost} failed; the other {left} go on (at least {len(watch.procs) - tolerate} must)"
+                for local in new if budget else ():
+                    budget -= 1
+                    watch.restart(local, replace(local))  # type: ignore[misc]
+                    said += f"; rank {first + local}'s replacement starts (it joins at the others' next commit)"
+                console.line(said)
         if link is not None:
             if interrupted is not None:
                 link.report(f"its launcher was interrupted by {signal_name(interrupted)}", interrupted)

@@ -365,6 +365,10 @@ class MpiTransport:
     def share_host(self, ranks: int) -> None:
         """Nothing: MPI waits as the MPI library was configured to."""
 
+    def admit(self, peer: int, address: str, *, timeout: float | None = None) -> None:
+        """Never: an MPI job's processes are those mpiexec started."""
+        raise BackendUnavailable(f"rank {self.rank}: an MPI job cannot take in a new process (rank {peer})")
+
     def native_collectives(self, ranks: Sequence[int], channel: int = 0) -> MpiCollectives | None:
         """MPI's own collectives over ``ranks`` (every rank of this transport must call this,
         in the same order; a rank outside ``ranks`` gets ``None``)."""

@@ -201,6 +201,12 @@ class Transport(Protocol):
         """The job's key-value store, or None (MPI jobs have none)."""
         ...
 
+    def admit(self, peer: int, address: str, *, timeout: float | None = None) -> None:
+        """Take the replacement of lost rank ``peer``, listening at ``address``, as rank
+        ``peer`` from now on (a new process joining a running job; see
+        ``TcpTransport.join``). ``BackendUnavailable`` where the transport cannot."""
+        ...
+
     def native_collectives(self, ranks: Sequence[int], channel: int) -> NativeCollectives | None:
         """The transport's own collectives for ``ranks`` (every rank of the world calls this
         for every group, in the same order), or None where the transport has none for them.

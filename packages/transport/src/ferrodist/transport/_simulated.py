@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
+from ferrodist.core import BackendUnavailable, CollectiveTimeout, FerrodistError, InvalidArgument, PeerLost
 
 from ._aborts import Aborts, Notice, channel_of, decode_notice, encode_notice
 from ._checks import (
@@ -367,6 +367,10 @@ class SimulatedTransport:
         incoming = self.irecv(recv_buf, src, tag, fingerprint=fingerprint)
         self.isend(send_buf, dst, tag, fingerprint=fingerprint)
         incoming.wait(timeout)
+
+    def admit(self, peer: int, address: str, *, timeout: float | None = None) -> None:
+        """Never: the ranks of a simulated world are the threads it was made with."""
+        raise BackendUnavailable(f"rank {self._rank}: a simulated world cannot take in a new process (rank {peer})")
 
     def native_collectives(self, ranks: Sequence[int], channel: int) -> None:
         """None: simulated ranks run the collectives' own algorithms."""

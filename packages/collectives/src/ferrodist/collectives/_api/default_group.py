@@ -12,8 +12,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from ferrodist.collectives._call import subgroup_channel
 from ferrodist.collectives._debug import enabled_by_environment
 from ferrodist.collectives._device import requested_route
+from ferrodist.collectives._failures import replacements
 from ferrodist.collectives._failures.record import record_failure
 from ferrodist.collectives._group import ProcessGroup
 from ferrodist.collectives._start import levels
@@ -148,6 +150,8 @@ def init_process_group(
     threaded = transport is not None and transport.kind == "simulated"
     _check_not_initialized(threaded)  # before building a transport: every rank fails at once
     built, levels = transport is None, False
+    if transport is None and replacements.is_replacement():
+        return _replacement(timeout, start_timeout, debug, route)
     if transport is None:
         try:
             transport, levels = make_transport(backend, init_method, rank, world_size, timeout, start_timeout)
@@ -184,6 +188,29 @@ def init_process_group(
             _thread_default.group = world
         else:
             _process_default.append(world)
+    return world
+
+
+def _replacement(timeout: float, start_timeout: float, debug: bool | None, route: str | None) -> ProcessGroup:
+    """The default group of a process started in the place of a lost rank: the group of the
+    running job that takes it in at its next commit point (see ``_failures.replacements``)."""
+    try:
+        transport, members, name = replacements.join(timeout, start_timeout)
+    except FerrodistError as exc:
+        record_failure(exc)
+        raise
+    world = ProcessGroup(
+        transport,
+        members,
+        subgroup_channel(name),
+        timeout=timeout,
+        name=name,
+        debug=enabled_by_environment() if debug is None else bool(debug),
+        cuda_route=route,
+        native=False,
+    )
+    with _lock:
+        _process_default.append(world)
     return world
 
 

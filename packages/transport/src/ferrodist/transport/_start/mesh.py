@@ -59,7 +59,7 @@ def _dial(rdv: Rendezvous, peer: int, secret: bytes) -> socket.socket:
         try:
             connect_handshake(sock, secret, rdv.deadline, rdv.what, peer)
             sock.sendall(encode_header(HELLO, rdv.rank, 0, rdv.world_size, 0))
-            claimed, size = _read_hello(sock, rdv.deadline, rdv.what, peer)
+            claimed, size = read_hello(sock, rdv.deadline, rdv.what, peer)
         except (PeerLost, ProtocolError) as exc:  # the peer refused our HELLO, perhaps
             rdv.check_after(exc)
     except BaseException:
@@ -148,7 +148,7 @@ def _hello_problem(rank: int, world_size: int, waiting: set[int], peer: int, siz
     )
 
 
-def _read_hello(sock: socket.socket, deadline: float, what: str, who: int) -> tuple[int, int]:
+def read_hello(sock: socket.socket, deadline: float, what: str, who: int) -> tuple[int, int]:
     """The rank and world size a peer's HELLO claims (within the handshake limit)."""
     short = min(deadline, time.monotonic() + HANDSHAKE_LIMIT)
     hello = decode_header(recv_exact(sock, HEADER.size, short, what, who), expected_sequence=0, max_length=0, peer=who)

@@ -46,6 +46,7 @@ from ferrodist.transport._protocol import DEFAULT_TIMEOUT
 from ferrodist.transport._start.accept import Refusals
 from ferrodist.transport._start.auth import Secret, job_secret, where_to_listen
 from ferrodist.transport._start.env import launch_info
+from ferrodist.transport._start.join import dial, take
 from ferrodist.transport._start.mesh import mesh
 from ferrodist.transport._start.net import local_address
 from ferrodist.transport._start.rendezvous import Rendezvous, open_store, open_store_through, report_bad_start
@@ -90,6 +91,7 @@ class TcpTransport:
         self._server: StoreServer | None = None
         self._refusals = Refusals()  # connections from outside the job that this rank's ports refused
         self._leaving: FerrodistError | None = None  # why this rank leaves (its start failed), for its goodbyes
+        self._key = b""  # the job's secret: a replacement of a lost rank must prove it too
 
     # -- rendezvous ---------------------------------------------------------------------------
     @classmethod
@@ -178,6 +180,7 @@ class TcpTransport:
                 )
             rdv = Rendezvous(self._store, rank, world_size, deadline, what, self._refusals)
             rdv.join()
+            self._key = key
             for peer, sock in mesh(rdv, host, key, self._refusals):
                 self._add_link(peer, sock)
             rdv.finish(self._server, self._stop)
@@ -316,6 +319,65 @@ class TcpTransport:
     def native_collectives(self, ranks: Sequence[int], channel: int) -> Any:
         """None: over TCP the collectives run their own algorithms (``ShmTransport`` has some)."""
         return None
+
+    # -- a replacement for a lost rank ---------------------------------------------------------------
+    @classmethod
+    def join(
+        cls,
+        *,
+        rank: int,
+        world_size: int,
+        announce: Callable[[str], None],
+        members: Callable[[], Sequence[int] | None],
+        timeout: float = DEFAULT_TIMEOUT,
+        token: bytes | None = None,
+        host: str = "127.0.0.1",
+        start_timeout: float | None = None,
+    ) -> tuple[TcpTransport, tuple[int, ...]]:
+        """Take the place of lost rank ``rank`` in a running job: listen on ``host`` and
+        ``announce`` where (``host:port``); the live ranks of the group that takes this
+        rank in dial it (``admit``), each proving the job's token. Returns the transport
+        and the group's members (global ranks) once ``members()`` (None until it is known)
+        have all connected; the other ranks of the world count as gone."""
+        start_timeout = timeout if start_timeout is None else start_timeout
+        deadline = time.monotonic() + start_timeout
+        what = f"rank {rank}: joining a running job of {world_size} ranks"
+        secret = job_secret(token, rank, world_size, launcher=True, deadline=deadline)
+        limit = int(os.environ.get("FERRODIST_MAX_FRAME_BYTES", _DEFAULT_MAX_FRAME))
+        self = cls(rank, world_size, timeout=timeout, max_frame_bytes=limit)
+        self._key = secret.key
+        try:
+            for peer, sock in take(host, secret.key, rank, world_size, announce, members, deadline, what):
+                self._add_link(peer, sock)
+        except BaseException:
+            self.close()
+            raise
+        group = tuple(members() or ())
+        for peer in range(world_size):
+            if peer != rank and peer not in self._links:
+                self._context.lose(peer, PeerLost(f"rank {peer} is not in the group rank {rank} joined", peer=peer))
+        for link in self._links.values():
+            link.thread.start()
+        return self, group
+
+    def admit(self, peer: int, address: str, *, timeout: float | None = None) -> None:
+        """Connect to the replacement of lost rank ``peer`` at ``address`` (``host:port``)
+        and take it as rank ``peer`` from now on (see ``join``)."""
+        context = self._context
+        if peer not in context.lost or peer == self._rank:
+            raise InvalidArgument(
+                f"rank {self._rank}: admit: rank {peer} is not a lost rank of this job; only a lost rank is replaced"
+            )
+        limit = self._timeout if timeout is None else timeout
+        what = f"rank {self._rank}: taking in rank {peer}'s replacement"
+        sock = dial(address, self._key, self._rank, self._world_size, peer, time.monotonic() + limit, what)
+        old = self._links.get(peer)
+        if old is not None:
+            old.close(time.monotonic() + 1.0)
+        with context.cond:
+            context.lost.pop(peer, None)
+            self._add_link(peer, sock)
+        self._links[peer].thread.start()
 
     # -- aborting a channel ----------------------------------------------------------------------
     def abort(self, channel: int, error: FerrodistError, *, peers: Sequence[int], seq: int) -> None:
