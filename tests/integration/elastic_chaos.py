@@ -2,8 +2,8 @@
 the steps and during the recoveries, in real processes.
 
 A schedule (``make_schedule(seed)``, all drawn from the seed): 2 to 4 ranks, shm or tcp,
-started by hand or by ``ferrodist run -n MIN:MAX``, 8 to 16 steps of an all_reduce with a
-commit every 2 to 4 steps (scripts/elastic_chaos.py), and one or two faults: a kill (at a
+started by hand or by ``ferrodist run -n MIN:MAX``, 8 to 16 steps of an all_reduce (taking
+no time besides, or 0.15 s: time for a replacement to join) with a commit every 2 to 4 steps (scripts/elastic_chaos.py), and one or two faults: a kill (at a
 step, or as the rank enters the shrink of a recovery), a stop past the timeout and the
 shrink's window (at a step or in the shrink), a stop under the timeout, a slow rank, or an
 exception of the rank's own.
@@ -14,10 +14,13 @@ exception of the rank's own.
 - the survivors agree: every rank that finished holds the same members and, to the bit,
   the same total, which is the sum of each step's values over the members of the group
   that last did that step; every recovery made the same group on every rank that logged it;
+- under ``ferrodist run -n 1:N`` the launcher starts a replacement for each rank lost, which
+  joins at a commit point: a rank's last process is the one judged;
 - a rank is in that final group, or was killed, or raised its own exception, or was told
-  it is out (``Excluded``, naming that group), or found no majority (``Excluded`` with no
-  group, only where no rank finished); a killed rank is never in it, and a harmless fault
-  (a short stop, a slow rank) leaves every rank in it with no recovery at all;
+  it is out (``Excluded``, naming a group the others made: that one, or one a join grew
+  later), or found no majority (``Excluded`` with no group, only where no rank finished); a
+  killed rank is never in it, and a harmless fault (a short stop, a slow rank) leaves
+  every rank in it with no recovery at all;
 - every recovery ends within the shrink's deadline plus ``SLACK``; the job ends within
   ``JOB_LIMIT``; no process outlives it and no ``/dev/shm/ferrodist-*`` file is left.
 """
@@ -84,6 +87,8 @@ def make_schedule(seed: int) -> dict[str, Any]:
         "shrink_timeout": SHRINK_TIMEOUT,
         "faults": faults,
         "kind": kind,
+        # seconds a step takes besides its call: time for a replacement (under ``run``) to join
+        "pace": rng.choice((0.0, 0.15)),
     }
 
 
@@ -141,9 +146,14 @@ def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
         logs[rank] = (
             [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
         )
-    outcome = {rank: next((e for e in entries if "outcome" in e), None) for rank, entries in logs.items()}
-    struck = {rank: [e["fault"] for e in entries if "fault" in e] for rank, entries in logs.items()}
-    killed = {rank for rank, kinds in struck.items() if "kill" in kinds}
+    # A rank's last process decides its outcome: a replacement appends after the one it replaced.
+    outcome = {rank: ([e for e in entries if "outcome" in e] or [None])[-1] for rank, entries in logs.items()}
+    last = {
+        rank: max([i for i, e in enumerate(entries) if "joined" in e], default=-1) for rank, entries in logs.items()
+    }
+    killed = {
+        rank for rank, entries in logs.items() if any(e.get("fault") == "kill" for e in entries[last[rank] + 1 :])
+    }
     harmless = all(fault.get("harmless") for fault in schedule["faults"])
     for rank, entries in logs.items():
         for entry in entries:
@@ -160,17 +170,19 @@ def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
         totals = {tuple(e["total"]) for e in done.values()}
         if len(totals) > 1:
             violations.append(f"seed {seed}: the ranks that finished hold different totals")
-        some = next(iter(done))
-        last: dict[int, list[int]] = {}
+        some = max(done, key=lambda rank: sum("step" in e for e in logs[rank]))  # one that trained throughout
+        done_by: dict[int, list[int]] = {}
         for entry in logs[some]:
             if "step" in entry:
-                last[entry["step"]] = entry["members"]
-        want = sum(value(step, r) for step, members in last.items() for r in members)
+                done_by[entry["step"]] = entry["members"]
+        want = sum(value(step, r) for step, members in done_by.items() for r in members)
         got = next(iter(done.values()))["total"][0]
-        if sorted(last) != list(range(schedule["steps"])) or got != want:
+        if sorted(done_by) != list(range(schedule["steps"])) or got != want:
             violations.append(f"seed {seed}: the total {got} is not the replay of the steps' members ({want})")
     recoveries: dict[int, set[tuple[int, ...]]] = {}
-    for entries in logs.values():
+    for rank, entries in logs.items():
+        if last[rank] >= 0:
+            continue  # a replacement's recoveries are counted from its joining, not from the start
         for k, entry in enumerate(e for e in entries if e.get("recovery")):
             recoveries.setdefault(k, set()).add(tuple(entry["members"]))
     for k, groups in recoveries.items():
@@ -190,8 +202,11 @@ def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
         elif end["outcome"] == "raised":
             continue
         elif end["outcome"] == "excluded":
-            if end["survivors"] and final is not None and tuple(end["survivors"]) != final:
-                violations.append(f"seed {seed}: rank {rank} was told of group {end['survivors']}, not {final}")
+            made = {final, *(g for groups in recoveries.values() for g in groups)}  # a later join may grow it
+            if end["survivors"] and final is not None and tuple(end["survivors"]) not in made:
+                violations.append(
+                    f"seed {seed}: rank {rank} was told of group {end['survivors']}, none the others made"
+                )
             if not end["survivors"] and final is not None and rank in final:
                 violations.append(f"seed {seed}: rank {rank} found no majority but is in the final group")
         else:

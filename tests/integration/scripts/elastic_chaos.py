@@ -5,12 +5,13 @@
 ``ferrodist.elastic.run`` over a training of ``steps`` steps: each step all_reduces values
 chosen by (step, global rank), checks the result against the members of the group it ran
 on, and adds it to the state's total; a commit every ``every`` steps. The faults of the
-spec strike at their step (once per process): kill, stop (SIGSTOP for ``seconds``), slow
+spec strike at their step, in the processes the job started with (a replacement that
+``ferrodist run -n 1:N`` starts for a lost rank joins at a commit and trains on): kill, stop (SIGSTOP for ``seconds``), slow
 (a sleep before the call), raise (an exception of the rank's own), or, with ``in_shrink``,
-as the rank enters its shrink. Each rank writes OUTDIR/rank{R}.jsonl: one line per step
+as the rank enters its shrink. Each rank appends to OUTDIR/rank{R}.jsonl: one line per step
 done (its members, whether the result was right), one per recovery (the new members and
-how long it took), and the outcome: done (the final members and total), excluded (the
-survivors it was told of), or error.
+how long it took), a replacement's line when it joined, and the outcome: done (the final
+members and total), excluded (the survivors it was told of), or error.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ def value(step: int, rank: int) -> float:
 def main() -> int:
     spec, outdir = json.loads(sys.argv[1]), Path(sys.argv[2])
     world = dist.init_process_group(spec["backend"], timeout=spec["timeout"])
-    me = world.rank
+    me = world.global_rank  # a replacement's group rank may differ
     (outdir / f"pid{me}").write_text(str(os.getpid()))
-    log = open(outdir / f"rank{me}.jsonl", "w", buffering=1)
+    log = open(outdir / f"rank{me}.jsonl", "a", buffering=1)  # a replacement (ferrodist run -n 1:N) appends
     struck: set[int] = set()
-    mine = [i for i, fault in enumerate(spec["faults"]) if fault["rank"] == me]
+    # The faults strike the processes the job started with; a replacement joins and trains.
+    mine = [] if dist.is_replacement() else [i for i, f in enumerate(spec["faults"]) if f["rank"] == me]
+    if dist.is_replacement():
+        log.write(json.dumps({"joined": list(world.ranks), "t": time.time()}) + "\n")
 
     def strike(i: int) -> None:
         fault = spec["faults"][i]
@@ -80,6 +84,7 @@ def main() -> int:
                 fault = spec["faults"][i]
                 if fault["step"] == s.step and not fault.get("in_shrink") and i not in struck:
                     strike(i)
+            time.sleep(spec["pace"])
             x = np.full(spec["n"], value(s.step, me))
             started = time.monotonic()
             try:

@@ -35,7 +35,7 @@ from ._nodes.placement import Placement
 from ._output import Console
 from ._output import pump as _pump
 from ._spawn import die_with, start_rank
-from ._supervise import Signals, Watch, kill_all, supervise
+from ._supervise import Replacements, Signals, Watch, kill_all, supervise
 from ._verdict import RankEnd, diagnose, read_error
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_JOIN_TIMEOUT", "DEFAULT_NODES_PORT", "JobResult", "run"]
@@ -381,7 +381,8 @@ def _run_ranks(
         if link is not None:
             link.start_heartbeats()
         watch = Watch(procs, signals, link)
-        interrupted = supervise(watch, grace, first, console, tolerate, replace if tolerate else None)
+        replacing = Replacements(replace, len(procs), grace) if tolerate else None
+        interrupted = supervise(watch, grace, first, console, tolerate, replacing)
         ends = [
             RankEnd(
                 first + local,

@@ -164,26 +164,77 @@ class Watch:
         self._pidfds.clear()
 
 
+class Replacements:
+    """An elastic job's replacements of failed ranks (``ferrodist run -n MIN:MAX``): one is
+    started for each rank that fails while the job may go on (as many as there are ranks,
+    in all; none once a rank has finished), and those still waiting to join when every
+    other rank has finished are stopped ``grace`` seconds later (nobody is left to take
+    them in); they do not count as failures."""
+
+    def __init__(self, start: Callable[[int], subprocess.Popen[bytes]], budget: int, grace: float) -> None:
+        self.start, self.budget, self.grace = start, budget, grace
+        self.running: set[int] = set()  # ranks whose process is a replacement
+        self.abandoned: set[int] = set()
+        self._alone_since: float | None = None
+
+    def after_failures(self, watch: Watch, new: list[int]) -> list[int]:
+        """Start replacements for the ranks in ``new`` that failed; those it started."""
+        if any(watch.procs[r].returncode == 0 for r in watch.exited):
+            return []
+        started = []
+        for local in new:
+            if self.budget > 0:
+                self.budget -= 1
+                watch.restart(local, self.start(local))
+                self.running.add(local)
+                started.append(local)
+        return started
+
+    def deadline(self, watch: Watch) -> float | None:
+        """When to stop the replacements left waiting, if only they are left (else None)."""
+        others = [r for r in range(len(watch.procs)) if r not in self.running]
+        finished = all(r in watch.exited for r in others) and any(watch.procs[r].returncode == 0 for r in others)
+        waiting = [r for r in self.running if r not in watch.exited]
+        if not (finished and waiting):
+            self._alone_since = None
+            return None
+        if self._alone_since is None:
+            self._alone_since = time.monotonic()
+        return self._alone_since + self.grace
+
+    def abandon(self, watch: Watch) -> None:
+        """Stop the replacements still waiting: the job finished without them."""
+        for local in self.running:
+            if local not in watch.exited:
+                self.abandoned.add(local)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(watch.procs[local].pid, signal.SIGKILL)
+                watch.procs[local].wait(10)
+        watch.wait(time.monotonic())
+
+
 def supervise(
     watch: Watch,
     grace: float,
     first: int = 0,
     console: Console | None = None,
     tolerate: int = 0,
-    replace: Callable[[int], subprocess.Popen[bytes]] | None = None,
+    replacements: Replacements | None = None,
 ) -> int | None:
-    """Wait for the ranks, stop them after a failure (more than ``tolerate``), a signal or
-    (several nodes) another node's failure, and reap them all. Returns the signal the
-    launcher received first, if that is what stopped the job. ``first``: the global rank of
-    local rank 0. ``replace(local)`` starts a replacement for a local rank that failed (an
-    elastic job; as many as there are ranks, in all)."""
+    """Wait for the ranks, stop them after a failure (more than ``tolerate``; those of
+    ``replacements`` are replaced), a signal or (several nodes) another node's failure, and
+    reap them all. Returns the signal the launcher received first, if that is what stopped
+    the job. ``first``: the global rank of local rank 0."""
     interrupted = None
     link = watch.link
-    budget = len(watch.procs) if replace is not None else 0
     try:
         while watch.running() and watch.failures() <= tolerate:
             failed = set(watch.failed())
-            interrupted = watch.wait(None)
+            until = replacements.deadline(watch) if replacements is not None else None
+            if until is not None and time.monotonic() >= until:
+                replacements.abandon(watch)  # type: ignore[union-attr]
+                continue
+            interrupted = watch.wait(until)
             if interrupted is not None or (link is not None and link.remote_stop is not None):
                 break
             new = [local for local in watch.failed() if local not in failed]
@@ -191,9 +242,7 @@ def supervise(
                 lost = [first + r for r in watch.failed()]
                 left = len(watch.procs) - len(lost)
                 said = f"ferrodist run: ranks {lost} failed; the other {left} go on (at least {len(watch.procs) - tolerate} must)"
-                for local in new if budget else ():
-                    budget -= 1
-                    watch.restart(local, replace(local))  # type: ignore[misc]
+                for local in replacements.after_failures(watch, new) if replacements is not None else ():
                     said += f"; rank {first + local}'s replacement starts (it joins at the others' next commit)"
                 console.line(said)
         if link is not None:
