@@ -301,30 +301,33 @@ def _recovery() -> str:
         "| backend | path | kill -> the job's next step done | steps done again | whole job |",
         "|---|---|---|---|---|",
     ]
+    rejoins = []
     for backend in first["backends"]:
-        got = {
-            mode: {
-                key: median([run["backends"][backend][mode][key] for run in runs])
-                for key in first["backends"][backend][mode]
-            }
-            for mode in ("elastic", "restart")
-        }
-        e, r = got["elastic"], got["restart"]
+
+        def typical(mode: str, key: str, backend: str = backend) -> float:
+            return median([run["backends"][backend][mode][key] for run in runs])
+
+        e, r = ("elastic", "restart")
         lines.append(
-            f"| {backend} | in place (`-n 3:4`, `ferrodist.elastic`) | {duration(e['recovery_s'])} | "
-            f"{e['redone_steps']:.0f} | {duration(e['job_s'])} |"
+            f"| {backend} | in place (`-n 3:4`, `ferrodist.elastic`) | {duration(typical(e, 'recovery_s'))} | "
+            f"{typical(e, 'redone_steps'):.0f} | {duration(typical(e, 'job_s'))} |"
         )
         lines.append(
-            f"| {backend} | restart (`--max-restarts 1`, a checkpoint every 10 steps) | {duration(r['recovery_s'])} | "
-            f"{r['redone_steps']:.0f} | {duration(r['job_s'])} |"
+            f"| {backend} | restart (`--max-restarts 1`, a checkpoint every 10 steps) | "
+            f"{duration(typical(r, 'recovery_s'))} | {typical(r, 'redone_steps'):.0f} | {duration(typical(r, 'job_s'))} |"
         )
         lines.append(
-            f"| {backend} | in place is | **{ratio(r['recovery_s'] / e['recovery_s'])} faster** | | "
-            f"{ratio(r['job_s'] / e['job_s'])} faster |"
+            f"| {backend} | in place is | **{ratio(typical(r, 'recovery_s') / typical(e, 'recovery_s'))} faster** | | "
+            f"{ratio(typical(r, 'job_s') / typical(e, 'job_s'))} faster |"
         )
+        joined = [run["backends"][backend][e]["rejoin_s"] for run in runs if run["backends"][backend][e]["rejoin_s"]]
+        if joined:
+            rejoins.append(f"{backend} {duration(median(joined))}")
     said = (
         f"{first['ranks']} ranks, DDP on a 2.1 M-parameter MLP, {first['steps']} steps; rank {first['victim']} "
-        f"killed (`kill -9`) at step {first['kill_at']}."
+        f"killed (`kill -9`) at step {first['kill_at']}. In place, the launcher's replacement for it joined the "
+        f"survivors at a commit point, with the state from a peer, this long after its process started: "
+        f"{', '.join(rejoins) or 'it did not join before the end'}."
     )
     return "\n".join(lines) + "\n\n" + said + " " + provenance("recovery") + "\n"
 

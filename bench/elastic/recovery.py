@@ -1,14 +1,16 @@
 """What a lost rank costs: recovery in place (ferrodist.elastic) against the restart path,
 the same training job, in one run.
 
-    python bench/elastic/recovery.py [--backends shm,tcp] [--ranks 4] [--steps 60] [--seed 0] [--json out.json]
+    python bench/elastic/recovery.py [--backends shm,tcp] [--ranks 4] [--steps 80] [--seed 0] [--json out.json]
 
 A DDP training (ferrodist.ddp over a torch MLP of 2.1 M parameters, float32, batch 16 per
 rank, SGD with momentum) on RANKS ranks; one rank kills itself (SIGKILL) at a step drawn
 from the seed, the same in both runs:
 
 - elastic: ``ferrodist run -n RANKS-1:RANKS``, ``ferrodist.elastic.run`` with a commit in
-  memory every 10 steps: the survivors shrink the group, restore the commit, train on;
+  memory every 10 steps: the survivors shrink the group, restore the commit, train on, and
+  the launcher's replacement for the lost rank joins at a commit point (the time from its
+  start to its first step in the group of RANKS is reported too);
 - restart: ``ferrodist run -n RANKS --max-restarts 1``, ``save_checkpoint`` every 10 steps
   and ``resume_checkpoint`` at the start: every rank is stopped and started again.
 
@@ -47,6 +49,13 @@ def _model():
     )
 
 
+def _age() -> float:
+    """Seconds since this process started (from /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / ticks
+    return float(Path("/proc/uptime").read_text().split()[0]) - started
+
+
 def worker(mode: str, outdir: Path, backend: str, steps: int, kill_at: int, victim: int) -> None:
     import torch
 
@@ -81,6 +90,8 @@ def worker(mode: str, outdir: Path, backend: str, steps: int, kill_at: int, vict
 
         def train(state):
             calls[0] += 1 if state.group is not world else 0
+            if dist.is_replacement() and not (outdir / f"{mode}-joined").exists():
+                (outdir / f"{mode}-joined").write_text(repr(_age()))  # back at RANKS ranks, with the state
             ddp = DDP(net, state.group)
             while state.step < steps:
                 one_step(ddp, state.group, state.step)
@@ -118,7 +129,9 @@ def _measure(mode: str, outdir: Path, elapsed: float, kill_at: int) -> dict:
     after = [e for e in entries if e["call"] > 0]  # steps of the recovered (or restarted) job
     first = min(e["t"] for e in after)
     redone = kill_at - min(e["step"] for e in after)
-    return {"recovery_s": first - killed, "redone_steps": redone, "job_s": elapsed}
+    joined = outdir / f"{mode}-joined"
+    rejoin = float(joined.read_text()) if joined.exists() else None  # the replacement's start -> joined
+    return {"recovery_s": first - killed, "redone_steps": redone, "job_s": elapsed, "rejoin_s": rejoin}
 
 
 def main() -> None:
@@ -130,16 +143,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backends", default="shm,tcp", help="comma-separated: shm, tcp")
     parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    kill_at, victim = rng.randrange(EVERY + 1, args.steps - EVERY), rng.randrange(1, args.ranks)
+    kill_at, victim = rng.randrange(EVERY + 1, args.steps // 2), rng.randrange(1, args.ranks)  # time left to rejoin
     backends: dict[str, dict] = {}
     print(f"{args.ranks} ranks, rank {victim} killed at step {kill_at} of {args.steps}")
-    print("| backend | path | kill -> next step done | steps done again | whole job |")
-    print("|---|---|---|---|---|")
+    print("| backend | path | kill -> next step done | steps done again | whole job | replacement start -> joined |")
+    print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="ferrodist-recovery-") as tmp:
         for backend in args.backends.split(","):
             results = backends[backend] = {}
@@ -149,7 +162,10 @@ def main() -> None:
                 elapsed = _launch(mode, outdir, args, backend, kill_at, victim)
                 m = results[mode] = _measure(mode, outdir, elapsed, kill_at)
                 path = "in place (-n MIN:MAX)" if mode == "elastic" else "restart (--max-restarts 1)"
-                print(f"| {backend} | {path} | {m['recovery_s']:.2f} s | {m['redone_steps']} | {m['job_s']:.1f} s |")
+                rejoin = "" if m["rejoin_s"] is None else f"{m['rejoin_s']:.2f} s"
+                print(
+                    f"| {backend} | {path} | {m['recovery_s']:.2f} s | {m['redone_steps']} | {m['job_s']:.1f} s | {rejoin} |"
+                )
             e, r = results["elastic"], results["restart"]
             print(
                 f"| {backend} | in place is | {r['recovery_s'] / e['recovery_s']:.1f}x faster | | {r['job_s'] / e['job_s']:.2f}x |"
