@@ -1,7 +1,7 @@
 """What a lost rank costs: recovery in place (ferrodist.elastic) against the restart path,
 the same training job, in one run.
 
-    python bench/elastic/recovery.py [--backends shm,tcp] [--ranks 4] [--steps 80] [--seed 0] [--json out.json]
+    python bench/elastic/recovery.py [--backends shm,tcp] [--ranks 4] [--steps 400] [--seed 1] [--json out.json]
 
 A DDP training (ferrodist.ddp over a torch MLP of 2.1 M parameters, float32, batch 16 per
 rank, SGD with momentum) on RANKS ranks; one rank kills itself (SIGKILL) at a step drawn
@@ -143,12 +143,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backends", default="shm,tcp", help="comma-separated: shm, tcp")
     parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=80)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    kill_at, victim = rng.randrange(EVERY + 1, args.steps // 2), rng.randrange(1, args.ranks)  # time left to rejoin
+    kill_at, victim = rng.randrange(EVERY + 1, args.steps // 4), rng.randrange(1, args.ranks)  # time left to rejoin
     backends: dict[str, dict] = {}
     print(f"{args.ranks} ranks, rank {victim} killed at step {kill_at} of {args.steps}")
     print("| backend | path | kill -> next step done | steps done again | whole job | replacement start -> joined |")
