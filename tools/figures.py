@@ -687,10 +687,21 @@ def _headline() -> str:
                 _vs(ours_start, theirs),
             )
         )
+    recovery = load("recovery")["runs"]
+    in_place = median([run["backends"]["shm"]["elastic"]["recovery_s"] for run in recovery])
+    restart = median([run["backends"]["shm"]["restart"]["recovery_s"] for run in recovery])
+    rows.append(
+        (
+            "a rank killed in a 4-rank DDP job: the kill to the next step [6]",
+            f"{duration(in_place)} (shrink in place)",
+            f"a restart {duration(restart)}",
+            _vs(in_place, restart),
+        )
+    )
     lines = ["| what (2 ranks, float32) | ferrodist | against | ferrodist is |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     notes = []
-    for number, name in enumerate(("all_reduce", "first_job", "torch_ddp", "two_nodes", "collectives"), 1):
+    for number, name in enumerate(("all_reduce", "first_job", "torch_ddp", "two_nodes", "collectives", "recovery"), 1):
         rec = load(name)
         runs = len(rec["runs"])
         how = f"the median of {runs} runs" if runs > 1 else "one run"
