@@ -48,6 +48,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -200,18 +201,31 @@ def hog_from_environment() -> Hog:
 def run_schedule(schedule: dict[str, Any], outdir: Path) -> list[str]:
     """Run one schedule; the invariant's violations, as sentences (empty: none), each with
     the machine's load when the schedule started (``schedule["load"]`` says it too)."""
+    return run_job(schedule, outdir, _start, check_logs, JOB_LIMIT)
+
+
+def run_job(
+    schedule: dict[str, Any],
+    outdir: Path,
+    start: Callable[[dict[str, Any], Path], list[subprocess.Popen[bytes]]],
+    check: Callable[[dict[str, Any], Path], list[str]],
+    limit: float,
+) -> list[str]:
+    """Start a schedule's processes (``start``), wait for them up to ``limit`` seconds (a
+    hang past it is a violation), kill what is left, then the violations: a rank that
+    outlived the job (by its ``pid*`` file), a file left in /dev/shm, and ``check``'s."""
     outdir.mkdir(parents=True, exist_ok=True)
     before = shm_files()
     seed = schedule["seed"]
     schedule["load"], schedule["runnable"] = load(), runnable()
-    processes = _start(schedule, outdir)
-    deadline = time.monotonic() + JOB_LIMIT
+    processes = start(schedule, outdir)
+    deadline = time.monotonic() + limit
     violations = []
     for process in processes:
         try:
             process.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            violations.append(f"seed {seed}: the job was still running after {JOB_LIMIT:g} s (a hang)")
+            violations.append(f"seed {seed}: the job was still running after {limit:g} s (a hang)")
             break
     for process in processes:
         if process.poll() is None:
@@ -226,7 +240,7 @@ def run_schedule(schedule: dict[str, Any], outdir: Path) -> list[str]:
     left = shm_files() - before
     if left:
         violations.append(f"seed {seed}: files left in /dev/shm: {sorted(left)}")
-    violations += check_logs(schedule, outdir)
+    violations += check(schedule, outdir)
     said = f"[load {schedule['load']:.1f}, {schedule['runnable']} runnable at the start]"
     return [f"{violation} {said}" for violation in violations]
 
@@ -353,4 +367,37 @@ def check_failures_reach_every_rank(schedule: dict[str, Any], logs: dict[int, li
                     )
                     break
                 seen_error = seen_error or entry["outcome"] == "error"
+    return violations
+
+
+def run_seeds(
+    title: str,
+    seeds: range,
+    make: Callable[[int], dict[str, Any]],
+    run: Callable[[dict[str, Any], Path], list[str]],
+    kind: Callable[[dict[str, Any]], str],
+    outdir: Path,
+) -> list[str]:
+    """Run the schedule of each seed beside ``FERRODIST_CHAOS_HOG`` busy processes, printing
+    a line for each and a summary (its load, and the schedules by ``kind``); the violations."""
+    started = time.monotonic()
+    violations: list[str] = []
+    kinds: dict[str, int] = {}
+    loads: list[float] = []
+    with hog_from_environment() as hog:
+        for seed in seeds:
+            schedule = make(seed)
+            key = kind(schedule)
+            kinds[key] = kinds.get(key, 0) + 1
+            found = run(schedule, outdir / f"s{seed}")
+            loads.append(schedule["load"])
+            said = f"load {schedule['load']:.1f} ({schedule['runnable']} runnable)"
+            print(f"seed {seed} {key}: {said}, {len(found)} violations", flush=True)
+            violations += found
+    took = time.monotonic() - started
+    print(
+        f"\n{title}: {len(seeds)} schedules (seeds {seeds.start}..{seeds.stop - 1}) in {took:.0f} s "
+        f"beside {hog.count} busy processes, load {min(loads):.1f}..{max(loads):.1f}, {len(violations)} violations; "
+        f"by fault/backend/launch: {dict(sorted(kinds.items()))}"
+    )
     return violations

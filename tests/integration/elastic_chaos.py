@@ -30,14 +30,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from chaos import _alive, _free_port, load, runnable, shm_files
+from chaos import _free_port, run_job
 
 SCRIPT = Path(__file__).parent / "scripts" / "elastic_chaos.py"
 TIMEOUT = 1.5  # the group's timeout
@@ -107,35 +105,7 @@ def _start(schedule: dict[str, Any], outdir: Path) -> list[subprocess.Popen[byte
 
 def run_schedule(schedule: dict[str, Any], outdir: Path) -> list[str]:
     """Run one schedule; the invariant's violations (empty: none), each with the load."""
-    outdir.mkdir(parents=True, exist_ok=True)
-    before = shm_files()
-    seed = schedule["seed"]
-    schedule["load"], schedule["runnable"] = load(), runnable()
-    processes = _start(schedule, outdir)
-    deadline = time.monotonic() + JOB_LIMIT
-    violations = []
-    for process in processes:
-        try:
-            process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            violations.append(f"seed {seed}: the job was still running after {JOB_LIMIT:g} s (a hang)")
-            break
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-    time.sleep(0.2)
-    for pid_file in outdir.glob("pid*"):
-        pid = int(pid_file.read_text())
-        if _alive(pid):
-            violations.append(f"seed {seed}: rank {pid_file.name[3:]} (pid {pid}) outlived the job")
-            os.kill(pid, signal.SIGKILL)
-    left = shm_files() - before
-    if left:
-        violations.append(f"seed {seed}: files left in /dev/shm: {sorted(left)}")
-    violations += check_logs(schedule, outdir)
-    said = f"[load {schedule['load']:.1f}, {schedule['runnable']} runnable at the start]"
-    return [f"{violation} {said}" for violation in violations]
+    return run_job(schedule, outdir, _start, check_logs, JOB_LIMIT)
 
 
 def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chaos import Hog, hog_from_environment, load, make_schedule, run_schedule
+from chaos import Hog, load, make_schedule, run_schedule, run_seeds
 
 SCHEDULES = int(os.environ.get("FERRODIST_CHAOS_SCHEDULES", "20"))
 FIRST_SEED = int(os.environ.get("FERRODIST_CHAOS_SEED", "0"))
@@ -25,26 +25,8 @@ FIRST_SEED = int(os.environ.get("FERRODIST_CHAOS_SEED", "0"))
 
 @pytest.mark.timeout(max(600, 120 * SCHEDULES))
 def test_random_faults_never_give_a_wrong_result_or_a_late_error(tmp_path):
-    started = time.monotonic()
-    violations: list[str] = []
-    kinds: dict[str, int] = {}
-    loads: list[float] = []
-    with hog_from_environment() as hog:
-        for seed in range(FIRST_SEED, FIRST_SEED + SCHEDULES):
-            schedule = make_schedule(seed)
-            key = _kind(schedule)
-            kinds[key] = kinds.get(key, 0) + 1
-            found = run_schedule(schedule, tmp_path / f"s{seed}")
-            loads.append(schedule["load"])
-            said = f"load {schedule['load']:.1f} ({schedule['runnable']} runnable)"
-            print(f"seed {seed} {key}: {said}, {len(found)} violations", flush=True)
-            violations += found
-    took = time.monotonic() - started
-    print(
-        f"\nchaos: {SCHEDULES} schedules (seeds {FIRST_SEED}..{FIRST_SEED + SCHEDULES - 1}) in {took:.0f} s "
-        f"beside {hog.count} busy processes, load {min(loads):.1f}..{max(loads):.1f}, {len(violations)} violations; "
-        f"by fault/backend/launch: {dict(sorted(kinds.items()))}"
-    )
+    seeds = range(FIRST_SEED, FIRST_SEED + SCHEDULES)
+    violations = run_seeds("chaos", seeds, make_schedule, run_schedule, _kind, tmp_path)
     assert not violations, "\n".join(violations)
 
 
