@@ -9,6 +9,7 @@ from ferrodist.collectives._composed.objects import broadcast_object_list
 from ferrodist.collectives._failures import replacements
 from ferrodist.collectives._group import ProcessGroup
 from ferrodist.collectives._timeouts import Timeout
+from ferrodist.core import FerrodistError
 
 
 def is_replacement() -> bool:
@@ -23,7 +24,8 @@ def admit_replacements(group: ProcessGroup | None = None, *, timeout: Timeout = 
     ``group``, default the default group; ``ferrodist.elastic`` calls it at each commit):
     the group with them, over the same transport, or None when none waits (or the launcher
     keeps no join directory). The members agree on who joins first (group rank 0 looks, and
-    tells the others), then each member connects to each replacement.
+    tells the others), then each member connects to each replacement. When that fails (a
+    replacement died), every member raises and the replacements are not tried again.
 
     Example (rank 2 of 3 was lost, and ``ferrodist run -n 2:3`` started another)::
 
@@ -38,7 +40,12 @@ def admit_replacements(group: ProcessGroup | None = None, *, timeout: Timeout = 
     joiners: dict[int, str] = found[0]
     if not joiners:
         return None
-    grown = g.grow(joiners, timeout=timeout)
+    try:
+        grown = g.grow(joiners, timeout=timeout)
+    except FerrodistError:
+        if g.rank == 0:  # a replacement that died, or never listened: do not try it again
+            replacements.forget(place, sorted(joiners))
+        raise
     if g.rank == 0:
         replacements.welcome(place, sorted(joiners), grown.ranks, grown.name)
     return grown

@@ -79,6 +79,12 @@ def welcome(place: Path, joiners: Sequence[int], members: Sequence[int], name: s
         (place / f"joiner-{rank}.json").unlink(missing_ok=True)
 
 
+def forget(place: Path, joiners: Sequence[int]) -> None:
+    """Drop the word of replacements that could not be taken in (the lowest member does)."""
+    for rank in joiners:
+        (place / f"joiner-{rank}.json").unlink(missing_ok=True)
+
+
 def announce(place: Path, rank: int, address: str) -> None:
     """A replacement's word: it listens at ``address`` for the members of the group."""
     (place / f"group-{rank}.json").unlink(missing_ok=True)
