@@ -29,8 +29,9 @@ def _lose(world: list, rank: int) -> None:
                 threading.Event().wait(0.01)
 
 
-def _replacement(rank: int, size: int, members: list[int], token: bytes = TOKEN):
-    """Start a replacement of ``rank`` in a thread; returns (address box, result box, thread)."""
+def _replacement(rank: int, size: int, token: bytes = TOKEN):
+    """Start a replacement of ``rank`` in a thread; returns (address box, result box, thread,
+    members box: append the group's members to let it finish)."""
     address: list[str] = []
     result: list = []
     known: list[list[int]] = []
@@ -64,7 +65,7 @@ def test_a_replacement_takes_the_lost_ranks_place_and_messages_flow_both_ways():
     world = tcp_world(3, timeout=10)
     try:
         _lose(world, 2)
-        address, result, thread, known = _replacement(2, 3, [0, 1, 2])
+        address, result, thread, known = _replacement(2, 3)
         known.append([0, 1, 2])
         for t in world[:2]:
             t.admit(2, address[0], timeout=10)
@@ -92,7 +93,7 @@ def test_only_a_lost_rank_is_replaced_and_a_process_without_the_token_is_refused
         with pytest.raises(InvalidArgument, match="not a lost rank"):
             world[0].admit(1, "127.0.0.1:1", timeout=1)
         _lose(world, 2)
-        address, result, thread, known = _replacement(2, 3, [0, 1, 2], token=b"another-token")
+        address, result, thread, known = _replacement(2, 3, token=b"another-token")
         with pytest.raises((AuthenticationFailed, PeerLost)):
             world[0].admit(2, address[0], timeout=3)
         assert 2 in world[0].gone()  # still lost: nothing replaced it

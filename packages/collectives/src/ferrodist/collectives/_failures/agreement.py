@@ -40,7 +40,6 @@ HELLO, DECIDE, CONFIRM, REFUSE, COMMIT, CALL_OFF, EXCLUDED = range(1, 8)
 _HEADER = 4  # kind, attempt, round, count; the ranks follow
 _log = logging.getLogger("ferrodist.collectives")
 _POLL = 0.005  # seconds between looks at the inbox: the waits sleep, they never spin
-_SEND = 1.0  # the longest a message may take to leave (it is small: a socket buffer takes it)
 
 #: Seconds a round waits for a member that has not said it is here (``shrink(window=)``).
 DEFAULT_WINDOW = 5.0
