@@ -45,8 +45,9 @@ def _parser() -> argparse.ArgumentParser:
         type=_ranks,
         required=True,
         metavar="N|MIN:MAX",
-        help="number of ranks on this node; MIN:MAX (one node): start MAX, and keep the others running when a rank "
-        "fails, while at least MIN have not (their script shrinks its group: ferrodist.elastic)",
+        help="number of ranks on this node; MIN:MAX: start MAX, and when a rank fails keep the others running while "
+        "at least MIN of this node's have not (their script shrinks its group: ferrodist.elastic), starting a "
+        "replacement that joins them",
     )
     start.add_argument("--nnodes", type=int, default=1, help="number of nodes, one launcher each (default 1)")
     start.add_argument("--node-rank", type=int, default=0, help="this node's number, 0 to NNODES-1 (default 0)")

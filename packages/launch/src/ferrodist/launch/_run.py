@@ -36,7 +36,7 @@ from ._output import Console
 from ._output import pump as _pump
 from ._spawn import die_with, start_rank
 from ._supervise import Replacements, Signals, Watch, kill_all, supervise
-from ._verdict import RankEnd, diagnose, read_error
+from ._verdict import RankEnd, diagnose, finished_without, read_error
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_JOIN_TIMEOUT", "DEFAULT_NODES_PORT", "JobResult", "run"]
 
@@ -135,9 +135,13 @@ def run(
     restart in progress). A launcher interrupted by a signal, or a node that never arrived,
     ends the job without a restart.
 
-    ``min_ranks`` (one node; ``ferrodist run -n MIN:MAX``): a rank that fails does not stop the
-    others while at least ``min_ranks`` ranks have not failed (their script shrinks its
-    group and goes on: ``ferrodist.elastic``); the job succeeds if those ranks all succeed.
+    ``min_ranks`` (``ferrodist run -n MIN:MAX``, per node): a rank that fails does not stop the
+    others while at least ``min_ranks`` of this node's ranks have not failed (their script
+    shrinks its group and goes on: ``ferrodist.elastic``), and a replacement starts in its
+    place (it joins the group at a commit point); the job succeeds if the ranks it ends with
+    all succeed. With several nodes each launcher keeps its node's count, and the nodes share
+    their replacements' word (``_nodes.joins``); a node that falls below ``min_ranks``, or is
+    lost, stops the job on every node as a failure does in a job that is not elastic.
 
     Call it from a thread that lives until it returns: the ranks die with the thread that
     started them (``PR_SET_PDEATHSIG``).
@@ -150,11 +154,8 @@ def run(
     _check(nprocs, command, nnodes, node_rank, grace, join_timeout)
     if not (isinstance(max_restarts, int) and max_restarts >= 0):
         raise _invalid(f"ferrodist run: --max-restarts must be a whole number >= 0, not {max_restarts!r}")
-    if min_ranks is not None and not (isinstance(min_ranks, int) and 1 <= min_ranks <= nprocs and nnodes == 1):
-        raise _invalid(
-            f"ferrodist run: -n MIN:MAX needs 1 <= MIN <= MAX and one node, not MIN={min_ranks!r}, MAX={nprocs}, "
-            f"--nnodes {nnodes}"
-        )
+    if min_ranks is not None and not (isinstance(min_ranks, int) and 1 <= min_ranks <= nprocs):
+        raise _invalid(f"ferrodist run: -n MIN:MAX needs 1 <= MIN <= MAX, not MIN={min_ranks!r}, MAX={nprocs}")
     tolerate = 0 if min_ranks is None else nprocs - min_ranks
     argv = list(command)
     if module:
@@ -379,6 +380,8 @@ def _run_ranks(
             pump.start()
             pumps.append(pump)
         if link is not None:
+            if joins:
+                link.share_joins(joins[JOIN_DIR])
             link.start_heartbeats()
         watch = Watch(procs, signals, link)
         replacing = Replacements(replace, len(procs), grace) if tolerate else None
@@ -395,6 +398,8 @@ def _run_ranks(
         ]
     finally:
         kill_all(procs)  # nothing to do unless this failed half-way
+        if link is not None:
+            link.joins = None  # the ranks are gone, and so is their join directory
         remove_shared_memory(placement.job)
         shutil.rmtree(errors, ignore_errors=True)
         for log in logs[len(pumps) :]:
@@ -405,10 +410,9 @@ def _run_ranks(
     stopped = tuple(sorted(first + local for local in watch.stopped))
     returncodes = tuple(end.code for end in ends)
     lost = [end.rank for end in ends if end.code != 0]
-    if link is None and interrupted is None and 0 < len(lost) <= tolerate and not watch.stopped:
-        summary = (
-            f"ferrodist run: the job finished on {len(ends) - len(lost)} of {len(ends)} ranks; ranks {lost} failed"
-        )
+    went_on = lost if interrupted is None and 0 < len(lost) <= tolerate and not watch.stopped else []
+    if link is None and went_on:
+        summary = finished_without(len(ends), went_on)
         console.line(summary)
         return JobResult(0, None, returncodes, stopped, summary)
     if link is None:
@@ -419,7 +423,7 @@ def _run_ranks(
             verdict.exit_code, verdict.culprits[0] if verdict.culprits else None, returncodes, stopped, verdict.summary
         )
     times = {first + local: at - watch.started for local, at in watch.exited_at.items()}
-    outcome = link.finish(ends, times, interrupted, signals.fd, grace + 30 + link.silence)
+    outcome = link.finish(ends, times, interrupted, signals.fd, grace + 30 + link.silence, went_on)
     if outcome.summary:
         console.line(outcome.summary)
     return JobResult(outcome.exit_code, outcome.failed_rank, returncodes, stopped, outcome.summary, outcome.failed_node)

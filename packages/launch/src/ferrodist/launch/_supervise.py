@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._nodes.hub import Hub
+from ._nodes.joins import LOOK
 from ._nodes.link import HEARTBEAT
 from ._nodes.member import Member
 from ._output import Console
@@ -115,7 +116,7 @@ class Watch:
             timeout = 0.05 if polling else 1.0
             links = self.link.fds() if self.link is not None else []
             if self.link is not None:
-                timeout = min(timeout, HEARTBEAT)
+                timeout = min(timeout, HEARTBEAT if self.link.joins is None else LOOK)
             if deadline is not None:
                 timeout = min(timeout, max(0.0, deadline - time.monotonic()))
             select.select([self.signals.fd, *self._pidfds.values(), *links], [], [], timeout)
@@ -167,7 +168,7 @@ class Watch:
 class Replacements:
     """An elastic job's replacements of failed ranks (``ferrodist run -n MIN:MAX``): one is
     started for each rank that fails while the job may go on (as many as there are ranks,
-    in all; none once a rank has finished), and those still waiting to join when every
+    in all; none once a rank, here or on another node, has finished), and those still waiting to join when every
     other rank has finished are stopped ``grace`` seconds later (nobody is left to take
     them in); they do not count as failures."""
 
@@ -179,8 +180,10 @@ class Replacements:
 
     def after_failures(self, watch: Watch, new: list[int]) -> list[int]:
         """Start replacements for the ranks in ``new`` that failed; those it started."""
-        if any(watch.procs[r].returncode == 0 for r in watch.exited):
-            return []
+        if any(watch.procs[r].returncode == 0 for r in watch.exited) or (
+            watch.link is not None and watch.link.finished
+        ):
+            return []  # the job is finishing: no group is left to take a replacement in
         started = []
         for local in new:
             if self.budget > 0:
@@ -191,9 +194,13 @@ class Replacements:
         return started
 
     def deadline(self, watch: Watch) -> float | None:
-        """When to stop the replacements left waiting, if only they are left (else None)."""
+        """When to stop the replacements left waiting, if only they are left (else None): this
+        node's other ranks have exited, and some of them, or another node's, finished."""
         others = [r for r in range(len(watch.procs)) if r not in self.running]
-        finished = all(r in watch.exited for r in others) and any(watch.procs[r].returncode == 0 for r in others)
+        elsewhere = watch.link is not None and bool(watch.link.finished)
+        finished = all(r in watch.exited for r in others) and (
+            elsewhere or any(watch.procs[r].returncode == 0 for r in others)
+        )
         waiting = [r for r in self.running if r not in watch.exited]
         if not (finished and waiting):
             self._alone_since = None
@@ -248,7 +255,7 @@ def supervise(
         if link is not None:
             if interrupted is not None:
                 link.report(f"its launcher was interrupted by {signal_name(interrupted)}", interrupted)
-            elif watch.failures():
+            elif watch.failures() > tolerate:
                 local = next(r for r in watch.exited if watch.procs[r].returncode != 0)
                 link.report(f"rank {first + local} {describe(int(watch.procs[local].returncode or 0))}")
             elif link.remote_stop is not None and watch.running() and console is not None:

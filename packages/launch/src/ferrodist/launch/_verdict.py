@@ -83,6 +83,12 @@ class Verdict:
     summary: str
 
 
+def finished_without(ranks: int, failed: Sequence[int]) -> str:
+    """The summary of an elastic job that finished without ``failed`` (of ``ranks`` in all),
+    which it went on without (``ferrodist run -n MIN:MAX``)."""
+    return f"ferrodist run: the job finished on {ranks - len(failed)} of {ranks} ranks; ranks {sorted(failed)} failed"
+
+
 def read_error(path: str) -> RankError | None:
     """The error file at ``path``, or ``None`` if there is none or it is not one."""
     try:

@@ -238,7 +238,8 @@ class Hub(NodeLink):
 
     # -- run -------------------------------------------------------------------------------------
     def poll(self) -> None:
-        """Read what the members sent; notice members lost or silent."""
+        """Read what the members sent; notice members lost or silent; share the join directory."""
+        self._send_joins(list(self._members.values()))
         now = time.monotonic()
         for node, ch in list(self._members.items()):
             for message in ch.receive():
@@ -250,6 +251,12 @@ class Hub(NodeLink):
                     self._stop(f"on node {node}, {message.get('why')}", remote=True)
                 elif kind == "ends":
                     self._reports[node] = message
+                    if self._succeeded(message):
+                        self._finished(node)
+                elif kind == "join" and self.joins is not None and self.joins.apply(message):
+                    for other, peer in self._members.items():
+                        if other != node and not peer.closed:
+                            peer.send("join", **{k: v for k, v in message.items() if k != "kind"})
             if node in self._reports or node in self._lost:
                 continue
             if ch.closed:
@@ -260,6 +267,14 @@ class Hub(NodeLink):
                     f"its launcher sent nothing for {self.silence:g} s (it is frozen, or the network between the "
                     "nodes is down)",
                 )
+
+    def _finished(self, node: int) -> None:
+        """Node ``node``'s ranks finished: tell the others (their replacements still waiting to
+        join have no group left to join)."""
+        self.finished.add(node)
+        for other, ch in self._members.items():
+            if other != node and not ch.closed:
+                ch.send("finished", node=node)
 
     def _lose(self, node: int, why: str) -> None:
         self._lost[node] = why
@@ -281,11 +296,19 @@ class Hub(NodeLink):
         self._stop(f"on node 0, {why}", remote=False)
 
     def finish(
-        self, ends: Sequence[RankEnd], times: dict[int, float], interrupted: int | None, stop_fd: int, limit: float
+        self,
+        ends: Sequence[RankEnd],
+        times: dict[int, float],
+        interrupted: int | None,
+        stop_fd: int,
+        limit: float,
+        went_on: Sequence[int] = (),
     ) -> Outcome:
         """Wait (``limit`` s at most) until every member has reported or is lost; send them all
         the verdict on the job and return it."""
-        self._reports[0] = self._report(ends, times, interrupted)
+        self._reports[0] = self._report(ends, times, interrupted, went_on)
+        if self._succeeded(self._reports[0]):
+            self._finished(0)
         give_up = time.monotonic() + limit
         while True:
             self.poll()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ferrodist.launch._verdict import RankEnd, RankError, diagnose, signal_name
+from ferrodist.launch._verdict import RankEnd, RankError, diagnose, finished_without, signal_name
 
 __all__ = ["Node", "Outcome", "judge"]
 
@@ -47,7 +47,8 @@ def judge(
     A node's ranks are ordered by when they exited (seconds since their node started them),
     which orders the whole job's exits for ``diagnose``. An interrupted launcher comes first
     (no rank is to blame), then a lost node (its ranks' fate is unknown), then ``diagnose``'s
-    rules over every rank, with the node of the rank it blames.
+    rules over every rank, with the node of the rank it blames. The ranks a node's report
+    says the job went on without (an elastic job's failures it tolerated) are not blamed.
     """
     rows = []
     for node, report in reports.items():
@@ -84,10 +85,13 @@ def judge(
         if stopped:
             summary += f"; stopped by their launchers: ranks {stopped}"
         return Outcome(1, None, node, summary)
-    verdict = diagnose(ends)
+    went_on = {int(r) for report in reports.values() for r in report.get("went_on", ())}  # type: ignore[attr-defined]
+    verdict = diagnose([e for e in ends if e.rank not in went_on])
     summary = verdict.summary.replace("stopped by the launcher:", "stopped by their launchers:")
     if not verdict.culprits:
-        return Outcome(verdict.exit_code, None, None, summary)
+        return Outcome(
+            verdict.exit_code, None, None, finished_without(len(ends), sorted(went_on)) if went_on else summary
+        )
     home = {r: n for n in nodes for r in range(n.first, n.first + n.count)}
     where = "; ".join(f"rank {r} ran on node {home[r].node} ({home[r].host})" for r in verdict.culprits if r in home)
     culprit = verdict.culprits[0]

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 
 from ferrodist.launch._nodes.channel import Channel
+from ferrodist.launch._nodes.joins import Joins
 from ferrodist.launch._verdict import RankEnd
 
 __all__ = [
@@ -53,6 +54,8 @@ class NodeLink:
         self.node = node
         self.silence = silence
         self.remote_stop: str | None = None  # why another node's state means: stop our ranks
+        self.joins: Joins | None = None  # an elastic job's join directory, kept the same on every node
+        self.finished: set[int] = set()  # the nodes whose ranks all finished (an elastic job's failures aside)
         self._beating = threading.Event()
         self._beater: threading.Thread | None = None
 
@@ -61,6 +64,18 @@ class NodeLink:
 
     def fds(self) -> list[int]:
         return [ch.fileno() for ch in self._channels() if not ch.closed]
+
+    def share_joins(self, place: str) -> None:
+        """Keep this node's join directory ``place`` the same as the other nodes' (``joins``)."""
+        self.joins = Joins(place)
+
+    def _send_joins(self, to: list[Channel]) -> None:
+        """Send the changes this node's ranks made to the join directory to ``to``."""
+        if self.joins is not None:
+            for change in self.joins.changes():
+                for ch in to:
+                    if not ch.closed:
+                        ch.send("join", **change)
 
     def start_heartbeats(self) -> None:
         """Heartbeats from a thread of their own (call it after the ranks were forked)."""
@@ -81,7 +96,9 @@ class NodeLink:
             ch.close()
 
     @staticmethod
-    def _report(ends: Sequence[RankEnd], times: dict[int, float], interrupted: int | None) -> dict[str, object]:
+    def _report(
+        ends: Sequence[RankEnd], times: dict[int, float], interrupted: int | None, went_on: Sequence[int] = ()
+    ) -> dict[str, object]:
         rows = [
             {
                 "rank": e.rank,
@@ -93,7 +110,17 @@ class NodeLink:
             }
             for e in ends
         ]
-        return {"ends": rows, "interrupted": interrupted}
+        return {"ends": rows, "interrupted": interrupted, "went_on": list(went_on)}
+
+    @staticmethod
+    def _succeeded(report: dict[str, object]) -> bool:
+        """True if a node's ``report`` says its ranks finished: some succeeded, and the others
+        are ranks the job went on without."""
+        rows, went_on = report.get("ends"), report.get("went_on") or []
+        if not isinstance(rows, list) or not isinstance(went_on, list):
+            return False
+        codes = [(row.get("rank"), row.get("code")) for row in rows if isinstance(row, dict)]
+        return any(code == 0 for _, code in codes) and all(code == 0 or rank in went_on for rank, code in codes)
 
 
 class Watch:

@@ -175,12 +175,17 @@ class Member(NodeLink):
         hub = self._hub
         if hub is None or self._hub_lost:
             return
+        self._send_joins([hub])
         for message in hub.receive():
             kind = message.get("kind")
             if kind == "stop" and self.remote_stop is None:
                 self.remote_stop = str(message.get("why"))
             elif kind == "verdict":
                 self._verdict = message
+            elif kind == "join" and self.joins is not None:
+                self.joins.apply(message)
+            elif kind == "finished" and isinstance(message.get("node"), int):
+                self.finished.add(int(message["node"]))  # type: ignore[call-overload]
         if self._verdict is not None:
             return
         if hub.closed:
@@ -199,14 +204,20 @@ class Member(NodeLink):
             self._hub.send("failed", why=why, interrupted=interrupted)
 
     def finish(
-        self, ends: Sequence[RankEnd], times: dict[int, float], interrupted: int | None, stop_fd: int, limit: float
+        self,
+        ends: Sequence[RankEnd],
+        times: dict[int, float],
+        interrupted: int | None,
+        stop_fd: int,
+        limit: float,
+        went_on: Sequence[int] = (),
     ) -> Outcome:
         """Send how this node's ranks ended and wait (``limit`` s at most) for node 0's verdict.
         Without one (node 0 lost), the verdict on this node's ranks alone, saying so."""
         hub = self._hub
         assert hub is not None
         if not self._hub_lost:
-            hub.send("ends", **self._report(ends, times, interrupted))
+            hub.send("ends", **self._report(ends, times, interrupted, went_on))
         give_up = time.monotonic() + limit
         while self._verdict is None and not self._hub_lost:
             left = give_up - time.monotonic()
