@@ -1,7 +1,7 @@
 """What a lost rank costs: recovery in place (ferrodist.elastic) against the restart path,
 the same training job, in one run.
 
-    python bench/elastic/recovery.py [--backends shm,tcp] [--ranks 4] [--steps 400] [--seed 1] [--json out.json]
+    python bench/elastic/recovery.py [--backends shm,tcp,nodes] [--ranks 4] [--steps 400] [--seed 1] [--json out.json]
 
 A DDP training (ferrodist.ddp over a torch MLP of 2.1 M parameters, float32, batch 16 per
 rank, SGD with momentum) on RANKS ranks; one rank kills itself (SIGKILL) at a step drawn
@@ -13,6 +13,10 @@ from the seed, the same in both runs:
   start to its first step in the group of RANKS is reported too);
 - restart: ``ferrodist run -n RANKS --max-restarts 1``, ``save_checkpoint`` every 10 steps
   and ``resume_checkpoint`` at the start: every rank is stopped and started again.
+
+``nodes``: two nodes of RANKS/2 ranks each, in two network namespaces joined by a veth pair
+(``ferrodist.testing.two_hosts``; needs root), one launcher per node (``--nnodes 2``, the
+auto backend: the two levels), elastic with ``-n RANKS/2-1:RANKS/2`` on each node.
 
 Every rank logs the wall-clock time at which it finishes each step; the table gives, for
 each path, the time from the kill to the first step the job finishes after it (detection,
@@ -26,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -112,14 +117,37 @@ def worker(mode: str, outdir: Path, backend: str, steps: int, kill_at: int, vict
 
 
 def _launch(mode: str, outdir: Path, args: argparse.Namespace, backend: str, kill_at: int, victim: int) -> float:
-    ranks = str(args.ranks)
-    shape = ["-n", f"{args.ranks - 1}:{ranks}"] if mode == "elastic" else ["-n", ranks, "--max-restarts", "1"]
-    command = [sys.executable, "-m", "ferrodist.launch", "run", *shape, __file__, "worker", mode, str(outdir)]
-    command += [backend, str(args.steps), str(kill_at), str(victim)]
+    nodes = 2 if backend == "nodes" else 1
+    ranks = args.ranks // nodes
+    shape = ["-n", f"{ranks - 1}:{ranks}"] if mode == "elastic" else ["-n", str(ranks), "--max-restarts", "1"]
+    script = [__file__, "worker", mode, str(outdir), "auto" if nodes > 1 else backend]
+    script += [str(args.steps), str(kill_at), str(victim)]
+    command = [sys.executable, "-m", "ferrodist.launch", "run", *shape]
     started = time.time()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(f"{mode} job failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    if nodes == 1:
+        done = subprocess.run([*command, *script], capture_output=True, text=True, timeout=900)
+        outputs, codes = [done.stdout + done.stderr], [done.returncode]
+    else:
+        from ferrodist.testing import two_hosts
+
+        env = dict(os.environ, FERRODIST_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
+        with two_hosts("fr", "10.231.13") as link:
+            master = ["--nnodes", "2", "--master-addr", link.hosts[0].address, "--master-port", "29571"]
+            procs = [
+                subprocess.Popen(
+                    host.command(*command, *master, "--node-rank", str(k), *script),
+                    env=dict(env, FERRODIST_SOCKET_IFNAME=host.device),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+                for k, host in enumerate(link.hosts)
+            ]
+            outputs = [proc.communicate(timeout=900)[0] for proc in procs]
+            codes = [proc.returncode for proc in procs]
+    if any(codes):
+        tails = "\n".join(out[-3000:] for out in outputs)
+        raise SystemExit(f"{mode} job failed ({codes}):\n{tails}")
     return time.time() - started
 
 
@@ -141,12 +169,14 @@ def main() -> None:
         worker(mode, outdir, backend, steps, kill_at, victim)
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backends", default="shm,tcp", help="comma-separated: shm, tcp")
+    parser.add_argument("--backends", default="shm,tcp,nodes", help="comma-separated: shm, tcp, nodes (2 namespaces)")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    from ferrodist.testing import NamespacesUnavailable
+
     rng = random.Random(args.seed)
     kill_at, victim = rng.randrange(EVERY + 1, args.steps // 4), rng.randrange(1, args.ranks)  # time left to rejoin
     backends: dict[str, dict] = {}
@@ -159,13 +189,20 @@ def main() -> None:
             for mode in ("elastic", "restart"):
                 outdir = Path(tmp) / backend / mode
                 outdir.mkdir(parents=True)
-                elapsed = _launch(mode, outdir, args, backend, kill_at, victim)
+                try:
+                    elapsed = _launch(mode, outdir, args, backend, kill_at, victim)
+                except NamespacesUnavailable as exc:
+                    print(f"| {backend} | not measured: {exc} | | | | |")
+                    del backends[backend]
+                    break
                 m = results[mode] = _measure(mode, outdir, elapsed, kill_at)
                 path = "in place (-n MIN:MAX)" if mode == "elastic" else "restart (--max-restarts 1)"
                 rejoin = "" if m["rejoin_s"] is None else f"{m['rejoin_s']:.2f} s"
                 print(
                     f"| {backend} | {path} | {m['recovery_s']:.2f} s | {m['redone_steps']} | {m['job_s']:.1f} s | {rejoin} |"
                 )
+            if backend not in backends:
+                continue
             e, r = results["elastic"], results["restart"]
             print(
                 f"| {backend} | in place is | {r['recovery_s'] / e['recovery_s']:.1f}x faster | | {r['job_s'] / e['job_s']:.2f}x |"

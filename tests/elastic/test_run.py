@@ -121,6 +121,36 @@ def test_sync_sends_the_newest_commit_to_ranks_that_lack_it():
     assert results[0][3] == results[1][3] == results[2][3]
 
 
+def test_with_roles_each_rank_gets_the_newest_commit_of_its_role_and_a_role_with_none_fails_everywhere():
+    """Two roles (the stages of a pipeline), ranks 0, 2 and 1, 3: rank 2 and rank 3 are behind
+    (one stood by, one is new); each gets its own role's newest commit, from its role's
+    lowest holder. With no holder of role 1 left, sync raises on every rank."""
+
+    def job():
+        group = dist.default_group()
+        net = _model()
+        for p in net.parameters():
+            p.data[...] = 10.0 * (group.rank % 2)  # role 0 holds zeros, role 1 tens
+        state = State(group, model=net, step=0, role=lambda rank: rank % 2)
+        commits = {0: 2, 1: 3, 2: 1, 3: 0}[group.rank]
+        for _ in range(commits):
+            state.step += 1
+            state.commit()
+        if group.rank >= 2:  # behind: what they hold now is not what their role committed last
+            for p in net.parameters():
+                p.data[...] = -1.0
+        source = state.sync()
+        values = {float(v) for p in net.parameters() for v in p.data.ravel()}
+        lost = State(group, step=0, role=lambda rank: rank % 2)
+        if group.rank % 2 == 0:
+            lost.commit()
+        with pytest.raises(InvalidArgument, match=r"role 1 \(ranks \[1, 3\]\) holds a commit"):
+            lost.sync()
+        return source, state.step, state.commits, values
+
+    assert run_world(4, job) == [(0, 2, 2, {0.0}), (1, 3, 3, {10.0}), (0, 2, 2, {0.0}), (1, 3, 3, {10.0})]
+
+
 def test_state_values_objects_and_errors():
     def job():
         net = _model()
@@ -145,7 +175,7 @@ def test_state_values_objects_and_errors():
     assert run_world(1, job) == [True]
 
 
-def test_a_bug_in_train_is_not_retried_and_max_failures_is_kept():
+def test_a_bug_in_train_or_an_invalid_argument_is_not_retried_and_max_failures_is_kept():
     def job():
         state = State(step=0)
         calls = []
@@ -163,9 +193,16 @@ def test_a_bug_in_train_is_not_retried_and_max_failures_is_kept():
 
         with pytest.raises(FerrodistError, match="lost"):
             run(failing, state, max_failures=0)
+
+        def misused(s):
+            calls.append(3)
+            raise InvalidArgument("a wrong argument, the same on every try")
+
+        with pytest.raises(InvalidArgument, match="every try"):
+            run(misused, state)  # no shrink, no second call
         return calls
 
-    assert run_world(2, job) == [[1, 2], [1, 2]]
+    assert run_world(2, job) == [[1, 2, 3], [1, 2, 3]]
 
 
 def test_a_rank_left_out_gets_excluded_out_of_run():

@@ -576,8 +576,8 @@ class ProcessGroup:
         ``Excluded``. ``exclude``: group ranks that take no part (every other must); ``timeout``:
         the deadline (default the group's); ``window``: how long each round waits for a member."""
         self._shrinks += 1
-        limit, me, t = self._runner.limit(timeout, "shrink"), self.member_rank("shrink"), self._transport
-        members = agreement.live_members(t, self._ranks, me, self._name, exclude, limit, window, self._shrinks)
+        limit, me = self._runner.limit(timeout, "shrink"), self.member_rank("shrink")
+        members = agreement.live_members(self, me, exclude, limit, window, self._shrinks)
         return self._made(members, f"{self._name}/{'.'.join(map(str, members))}")
 
     def grow(self, joiners: Mapping[int, str], *, timeout: Timeout = None) -> ProcessGroup:

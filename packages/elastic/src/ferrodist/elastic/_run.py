@@ -5,7 +5,7 @@ deadline: the group's collectives raise on every survivor), the survivors shrink
 to the live ranks (``ProcessGroup.shrink``), every one of them takes the newest commit
 (``State.sync``) and ``train`` is called again with the state. A rank the others left out
 raises ``Excluded`` out of ``run``; so does any error that is not a failure of the group
-(a bug in ``train`` is not retried).
+(a bug in ``train``, an ``InvalidArgument`` too, is not retried).
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def run(
         except Regrouped as grown:
             _log.info("rank %d: %s", state.group.global_rank, grown)
             continue
-        except Excluded:
-            raise
+        except (Excluded, InvalidArgument):
+            raise  # left out, or a mistake that would happen again: not a failure to recover from
         except FerrodistError as exc:
             failures += 1
             if max_failures is not None and failures > max_failures:

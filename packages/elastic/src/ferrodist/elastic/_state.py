@@ -4,13 +4,21 @@ A state holds objects with ``state_dict()`` / ``load_state_dict()`` (a ``ferrodi
 PyTorch module, an optimizer of either) and plain values (the step, the epoch), each by the
 name it was given. ``commit()`` copies them all into memory on this rank; ``restore()``
 copies the last commit back, into the same objects (the same arrays: a DDP built over the
-model still sees them), and clears their gradients. After a failure, ``sync()`` brings every rank of the (new) group to
-the newest commit any of them holds: the lowest rank holding it sends it to the others.
+model still sees them), and clears their gradients. After a failure, ``sync()`` brings every
+rank of the (new) group to the newest commit any of them holds: the lowest rank holding it
+sends it to the others.
+
+Where ranks hold different states (the stages of a pipeline), ``role`` says which hold the
+same (a function of the global rank, e.g. the stage): ``sync`` then brings each rank to the
+newest commit of its role, from the lowest rank of that role holding it. A rank whose role
+no complete pipeline uses after a failure keeps its place with ``stand_by()`` at each
+commit point, without committing, until replacements make its pipeline whole again.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +57,11 @@ class State:
     ``ferrodist.elastic.run``): objects with ``state_dict``/``load_state_dict`` are saved
     through those, anything else is a value, read and set as an attribute.
 
+    ``role``: for ranks that do not all hold the same state, which do (see the module's
+    docstring): ``role(global_rank)`` is the same value on the ranks that hold the same
+    state, e.g. ``lambda rank: rank % 2`` for the stage of a pipeline of two stages
+    replicated across pipelines.
+
     Example::
 
         state = State(model=net, optimizer=opt, step=0, epoch=0)
@@ -57,9 +70,14 @@ class State:
         state.group.rank         # the group it trains on (a new one after a shrink)
     """
 
-    def __init__(self, group: ProcessGroup | None = None, **entries: Any) -> None:
+    def __init__(
+        self, group: ProcessGroup | None = None, *, role: Callable[[int], Hashable] | None = None, **entries: Any
+    ) -> None:
         if not entries:
             raise InvalidArgument("State: give it what to keep, e.g. State(model=net, optimizer=opt, step=0)")
+        if role is not None and not callable(role):
+            raise InvalidArgument(f"State: role must be a function of the global rank (rank -> key), not {role!r}")
+        self._role = role
         self._group = group if group is not None else default_group()
         self._objects = {name: obj for name, obj in entries.items() if _stateful(obj)}
         self._values = {name: value for name, value in entries.items() if name not in self._objects}
@@ -111,6 +129,13 @@ class State:
         ``ferrodist run -n MIN:MAX``), which get the commit from a peer, and raise
         ``Regrouped`` if any did. Every rank of the group commits at the same steps."""
         self.snapshot()
+        self.stand_by()
+
+    def stand_by(self) -> None:
+        """A commit point without the commit: take in the replacements waiting to join, as
+        ``commit`` does (and raise ``Regrouped`` if any did), for a rank that keeps its place
+        but does not train (a stage of a pipeline that lost another stage: see ``role``); it
+        gets its role's newest commit when they join."""
         grown = admit_replacements(self._group)
         if grown is not None:
             self._group = grown
@@ -140,18 +165,38 @@ class State:
     def sync(self) -> int:
         """Bring every rank of the group to the newest commit any of them holds (a collective):
         the lowest rank holding it sends it to the others (a rank that joined, or one whose
-        last commit is older, gets it whole), and every rank restores it. Returns the group
-        rank that sent it."""
+        last commit is older, gets it whole), and every rank restores it; with a ``role``,
+        each rank to the newest commit of its role. Returns the group rank that sent this
+        rank's.
+
+        Raises:
+            InvalidArgument: on every rank, when no rank of the group (of some role) holds a
+                commit: the state of a role whose every holder was lost is gone from memory.
+        """
         group = self._group
-        numbers: list[Any] = [None] * group.size
-        all_gather_object(numbers, self._commits, group=group)
-        newest = max(numbers)
-        source = numbers.index(newest)
-        if newest == 0:
-            raise InvalidArgument(f"rank {group.global_rank}: State.sync: no rank of the group has committed yet")
-        if any(number != newest for number in numbers):
-            carried = [self._commit if group.rank == source else None]
-            broadcast_object_list(carried, group=group, group_src=source)
-            self._commit, self._commits = carried[0], newest
+        found: list[Any] = [None] * group.size
+        mine = None if self._role is None else self._role(group.global_rank)
+        all_gather_object(found, (self._commits, mine), group=group)
+        roles: dict[Any, list[int]] = {}
+        for rank, (_, role) in enumerate(found):
+            roles.setdefault(role, []).append(rank)
+        source = -1
+        for role, holders in roles.items():  # the same order on every rank: by their lowest rank
+            numbers = [found[rank][0] for rank in holders]
+            newest, first = max(numbers), holders[numbers.index(max(numbers))]
+            if newest == 0:
+                whose = "" if self._role is None else f" of role {role!r} (ranks {[group.ranks[r] for r in holders]})"
+                raise InvalidArgument(
+                    f"rank {group.global_rank}: State.sync: no rank of group {group.name}{whose} holds a commit: "
+                    "call commit() before the first failure; a state every holder of which was lost is gone from "
+                    "memory (start again from a checkpoint)"
+                )
+            if any(number != newest for number in numbers):
+                carried = [self._commit if group.rank == first else None]
+                broadcast_object_list(carried, group=group, group_src=first)
+                if group.rank in holders:
+                    self._commit, self._commits = carried[0], newest
+            if group.rank in holders:
+                source = first
         self.restore()
         return source

@@ -327,22 +327,31 @@ def agree(
     return agreement.run()
 
 
+def leave(group: Any) -> None:
+    """Fail, on every member, the calls of ``group`` and of the groups made from it that have
+    not failed here, before agreeing: a member blocked in one of them, waiting for this rank
+    (which has gone on to shrink), learns it at once instead of at its deadline, past the
+    agreement's window (the stage of a pipeline waiting for its replica, while the failure
+    was in the other pipeline)."""
+    me, pending = group.global_rank, [group]
+    while pending:
+        g = pending.pop()
+        pending.extend(g._children)
+        if g.is_member and not g._destroyed and g._runner.order.blocked is None:
+            g._runner.abort(FerrodistError(f"rank {me}: left group {g.name} to shrink group {group.name}", rank=me))
+
+
 def live_members(
-    transport: Transport,
-    members: Sequence[int],
-    me: int,
-    name: str,
-    exclude: Sequence[int],
-    timeout: float,
-    window: float | None,
-    attempt: int,
+    group: Any, me: int, exclude: Sequence[int], timeout: float, window: float | None, attempt: int
 ) -> tuple[int, ...]:
-    """The global ranks of ``ProcessGroup.shrink()``'s new group (see there), for group
-    ``name`` of global ranks ``members``, of which this rank is group rank ``me``: the
-    arguments checked, then the agreement (``attempt``: its number on the group, so that a
-    second attempt does not read the first's messages); with ``exclude`` (group ranks),
-    every other member must be in it."""
-    what = f"rank {transport.rank}: shrink of group {name}"
+    """The global ranks of ``ProcessGroup.shrink()``'s new group (see there), for ``group``,
+    of which this rank is group rank ``me``: the arguments checked, the calls of the group
+    and those made from it failed everywhere (``leave``), then the agreement (``attempt``:
+    its number on the group, so that a second attempt does not read the first's messages);
+    with ``exclude`` (group ranks), every other member must be in it."""
+    transport: Transport = group.transport
+    members: Sequence[int] = group.ranks
+    what = f"rank {transport.rank}: shrink of group {group.name}"
     try:
         left = sorted({int(r) for r in exclude})
     except (TypeError, ValueError):
@@ -354,10 +363,11 @@ def live_members(
     if window is not None and not window > 0:
         raise InvalidArgument(f"{what}: window must be a positive number of seconds, not {window!r}")
     out = [members[r] for r in left]
+    leave(group)
     agreed = agree(
         transport,
         members,
-        channel(name),
+        channel(group.name),
         attempt=attempt,
         exclude=out,
         timeout=timeout,
