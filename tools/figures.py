@@ -308,21 +308,23 @@ def _recovery() -> str:
             return median([run["backends"][backend][mode][key] for run in runs])
 
         e, r = ("elastic", "restart")
+        # two launchers in two network namespaces, the two levels: -n MIN:MAX counts each node's ranks
+        label, shape = ("2 nodes x 2", "`-n 1:2` per node") if backend == "nodes" else (backend, "`-n 3:4`")
         lines.append(
-            f"| {backend} | in place (`-n 3:4`, `ferrodist.elastic`) | {duration(typical(e, 'recovery_s'))} | "
+            f"| {label} | in place ({shape}, `ferrodist.elastic`) | {duration(typical(e, 'recovery_s'))} | "
             f"{typical(e, 'redone_steps'):.0f} | {duration(typical(e, 'job_s'))} |"
         )
         lines.append(
-            f"| {backend} | restart (`--max-restarts 1`, a checkpoint every 10 steps) | "
+            f"| {label} | restart (`--max-restarts 1`, a checkpoint every 10 steps) | "
             f"{duration(typical(r, 'recovery_s'))} | {typical(r, 'redone_steps'):.0f} | {duration(typical(r, 'job_s'))} |"
         )
         lines.append(
-            f"| {backend} | in place is | **{ratio(typical(r, 'recovery_s') / typical(e, 'recovery_s'))} faster** | | "
+            f"| {label} | in place is | **{ratio(typical(r, 'recovery_s') / typical(e, 'recovery_s'))} faster** | | "
             f"{ratio(typical(r, 'job_s') / typical(e, 'job_s'))} faster |"
         )
         joined = [run["backends"][backend][e]["rejoin_s"] for run in runs if run["backends"][backend][e]["rejoin_s"]]
         if joined:
-            rejoins.append(f"{backend} {duration(median(joined))}")
+            rejoins.append(f"{label} {duration(median(joined))}")
     said = (
         f"{first['ranks']} ranks, DDP on a 2.1 M-parameter MLP, {first['steps']} steps; rank {first['victim']} "
         f"killed (`kill -9`) at step {first['kill_at']}. In place, the launcher's replacement for it joined the "
