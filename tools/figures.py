@@ -331,6 +331,11 @@ def _recovery() -> str:
         f"survivors at a commit point, with the state from a peer, this long after its process started: "
         f"{', '.join(rejoins) or 'it did not join before the end'}."
     )
+    if "nodes" in first["backends"]:
+        said += (
+            " 2 nodes x 2: two network namespaces joined by a veth pair (the command needs root), one launcher each, "
+            f"ranks 0-1 on node 0 and 2-3 on node 1: the replacement of rank {first['victim']} starts on its node."
+        )
     return "\n".join(lines) + "\n\n" + said + " " + provenance("recovery") + "\n"
 
 
