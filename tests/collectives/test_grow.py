@@ -38,14 +38,15 @@ def _threads(fns) -> list:
     return out
 
 
-def _pair_without_rank_2(tmp_path, monkeypatch):
-    """A job of 3 whose rank 2 is lost; ranks 0 and 1 in a group of their own."""
+def _pair_without_rank_2(tmp_path, monkeypatch, size: int = 3):
+    """A job of ``size`` whose ranks 2 and up are lost; ranks 0 and 1 in a group of their own."""
     monkeypatch.setenv(replacements.DIRECTORY, str(tmp_path))
-    world = tcp_world(3, timeout=10, token=b"test-token")
-    world[2].close()
+    world = tcp_world(size, timeout=10, token=b"test-token")
+    for t in world[2:]:
+        t.close()
     for t in world[:2]:
         for _ in range(500):
-            if 2 in t.gone():
+            if set(range(2, size)) <= set(t.gone()):
                 break
             threading.Event().wait(0.01)
     pair = [ProcessGroup(t, [0, 1], subgroup_channel("pair"), timeout=10, name="pair", native=False) for t in world[:2]]
@@ -96,6 +97,63 @@ def test_a_replacement_joins_and_computes_with_the_members(tmp_path, monkeypatch
             t.close()
     assert results == [((0, 1, 2), 103.0)] * 3, results
     assert not list(tmp_path.glob("joiner-*.json"))  # taken in: its word is gone
+
+
+def test_replacements_taken_in_together_connect_to_each_other(tmp_path, monkeypatch):
+    """Ranks 2 and 3 of 4 lost; both replacements wait when the pair commits: both are taken
+    in at once, each learns where the other listens, and the four compute together."""
+    world, pair = _pair_without_rank_2(tmp_path, monkeypatch, size=4)
+
+    def replacement(rank: int):
+        def run():
+            together: dict[int, str] = {}
+
+            def members():
+                found = replacements.taken_in(tmp_path, rank)
+                if found is None:
+                    return None
+                together.update(found[2])
+                return found[0]
+
+            t, group = TcpTransport.join(
+                rank=rank,
+                world_size=4,
+                announce=lambda address: replacements.announce(tmp_path, rank, address),
+                members=members,
+                timeout=10,
+                token=b"test-token",
+                start_timeout=20,
+                others=lambda: together,
+            )
+            name = replacements.taken_in(tmp_path, rank)[1]
+            joined = ProcessGroup(t, group, subgroup_channel(name), timeout=10, name=name, native=False)
+            x = np.array([float(rank + 1)])
+            joined.all_reduce(x)
+            t.close()
+            return joined.ranks, x[0], sorted(together)
+
+        return run
+
+    def member(group):
+        def run():
+            for _ in range(500):  # until both replacements have said where they listen
+                if len(replacements.waiting(tmp_path, group.ranks)) == 2:
+                    break
+                threading.Event().wait(0.01)
+            grown = admit_replacements(group)
+            x = np.array([float(group.global_rank + 1)])
+            grown.all_reduce(x)
+            return grown.ranks, x[0]
+
+        return run
+
+    try:
+        results = _threads([member(pair[0]), member(pair[1]), replacement(2), replacement(3)])
+    finally:
+        for t in world:
+            t.close()
+    assert results[:2] == [((0, 1, 2, 3), 10.0)] * 2, results
+    assert results[2:] == [((0, 1, 2, 3), 10.0, [2, 3])] * 2, results
 
 
 def test_a_replacement_that_died_fails_the_commit_once_and_is_forgotten(tmp_path, monkeypatch):

@@ -2,7 +2,9 @@
 the steps and during the recoveries, in real processes.
 
 A schedule (``make_schedule(seed)``, all drawn from the seed): 2 to 4 ranks, shm or tcp,
-started by hand or by ``ferrodist run -n MIN:MAX``, 8 to 16 steps of an all_reduce (taking
+started by hand or by ``ferrodist run -n MIN:MAX`` (4 ranks: also by two launchers of two
+nodes on this host, ``--nnodes 2 -n 1:2``, over the two levels, the second fault on the
+other node than the first), 8 to 16 steps of an all_reduce (taking
 no time besides, or 0.15 s: time for a replacement to join) with a commit every 2 to 4 steps (scripts/elastic_chaos.py), and one or two faults: a kill (at a
 step, or as the rank enters the shrink of a recovery), a stop past the timeout and the
 shrink's window (at a step or in the shrink), a stop under the timeout, a slow rank, or an
@@ -15,7 +17,8 @@ exception of the rank's own.
   the same total, which is the sum of each step's values over the members of the group
   that last did that step; every recovery made the same group on every rank that logged it;
 - under ``ferrodist run -n 1:N`` the launcher starts a replacement for each rank lost, which
-  joins at a commit point: a rank's last process is the one judged;
+  joins at a commit point: a rank's last process is the one judged; a killed rank's
+  replacement that a group took in (grew with, after the kill) joined it;
 - a rank is in that final group, or was killed, or raised its own exception, or was told
   it is out (``Excluded``, naming a group the others made: that one, or one a join grew
   later), or found no majority (``Excluded`` with no group, only where no rank finished); a
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +76,7 @@ def make_schedule(seed: int) -> dict[str, Any]:
             fault["kind"] = "stop" if fault["kind"] == "stop-short" else "slow"
             fault["seconds"] = round(rng.uniform(0.1, 0.4), 2)
             fault["harmless"] = True
-    return {
+    schedule = {
         "seed": seed,
         "ranks": ranks,
         "backend": rng.choice(("shm", "tcp")),
@@ -88,6 +92,14 @@ def make_schedule(seed: int) -> dict[str, Any]:
         # seconds a step takes besides its call: time for a replacement (under ``run``) to join
         "pace": rng.choice((0.0, 0.15)),
     }
+    # drawn last, so that the schedules drawn before the two nodes' were added stay as they were
+    if ranks == 4 and schedule["launch"] == "run" and rng.random() < 0.5:
+        # each node (ranks 0-1, 2-3) may lose one rank at a time: the second fault on the other one
+        schedule.update(launch="nodes", backend="levels")
+        for fault in faults[1:]:
+            if fault["rank"] // 2 == faults[0]["rank"] // 2:
+                fault["rank"] = (fault["rank"] + 2) % 4
+    return schedule
 
 
 def _start(schedule: dict[str, Any], outdir: Path) -> list[subprocess.Popen[bytes]]:
@@ -96,6 +108,14 @@ def _start(schedule: dict[str, Any], outdir: Path) -> list[subprocess.Popen[byte
     if schedule["launch"] == "run":
         command = [sys.executable, "-m", "ferrodist.launch", "run", "-n", f"1:{n}", "--grace", "3"]
         return [subprocess.Popen([*command, str(SCRIPT), spec, str(outdir)], **quiet)]  # type: ignore[call-overload]
+    if schedule["launch"] == "nodes":
+        command = [sys.executable, "-m", "ferrodist.launch", "run", "--nnodes", "2", "--master-port", str(_free_port())]
+        command += ["-n", "1:2", "--grace", "3"]
+        env = dict(os.environ, FERRODIST_TOKEN=secrets.token_hex(16))
+        return [
+            subprocess.Popen([*command, "--node-rank", str(k), str(SCRIPT), spec, str(outdir)], env=env, **quiet)  # type: ignore[call-overload]
+            for k in (0, 1)
+        ]
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(n))
     return [
         subprocess.Popen([sys.executable, str(SCRIPT), spec, str(outdir)], env=dict(env, RANK=str(r)), **quiet)  # type: ignore[call-overload]
@@ -125,6 +145,13 @@ def check_logs(schedule: dict[str, Any], outdir: Path) -> list[str]:
         rank for rank, entries in logs.items() if any(e.get("fault") == "kill" for e in entries[last[rank] + 1 :])
     }
     harmless = all(fault.get("harmless") for fault in schedule["faults"])
+    for rank, entries in logs.items():  # a killed rank back in a group: its replacement joined it
+        kills = [e["t"] for e in entries if e.get("fault") == "kill"]
+        if not kills:
+            continue
+        back = [e["t"] for others in logs.values() for e in others if rank in e.get("grew", ()) and e["t"] > kills[-1]]
+        if back and not any("joined" in e and e["t"] > kills[-1] for e in entries):
+            violations.append(f"seed {seed}: the others took rank {rank}'s replacement in, but it never joined")
     for rank, entries in logs.items():
         for entry in entries:
             if "step" in entry and not entry["ok"]:

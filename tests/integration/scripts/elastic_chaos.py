@@ -10,7 +10,8 @@ spec strike at their step, in the processes the job started with (a replacement 
 (a sleep before the call), raise (an exception of the rank's own), or, with ``in_shrink``,
 as the rank enters its shrink. Each rank appends to OUTDIR/rank{R}.jsonl: one line per step
 done (its members, whether the result was right), one per recovery (the new members and
-how long it took), a replacement's line when it joined, and the outcome: done (the final
+how long it took), one per group grown with replacements (its members), a replacement's
+line when it joined, and the outcome: done (the final
 members and total), excluded (the survivors it was told of), or error.
 """
 
@@ -73,6 +74,14 @@ def main() -> int:
         return shrink(group, **options)
 
     ProcessGroup.shrink = shrinking  # type: ignore[method-assign]
+    grow = ProcessGroup.grow
+
+    def growing(group: ProcessGroup, joiners, **options):  # the members that took replacements in
+        grown = grow(group, joiners, **options)
+        log.write(json.dumps({"grew": list(grown.ranks), "t": time.time()}) + "\n")
+        return grown
+
+    ProcessGroup.grow = growing  # type: ignore[method-assign]
 
     state = State(world, total=np.zeros(spec["n"]), step=0)
     failed_at = [time.monotonic()]

@@ -47,5 +47,5 @@ def admit_replacements(group: ProcessGroup | None = None, *, timeout: Timeout = 
             replacements.forget(place, sorted(joiners))
         raise
     if g.rank == 0:
-        replacements.welcome(place, sorted(joiners), grown.ranks, grown.name)
+        replacements.welcome(place, joiners, grown.ranks, grown.name)
     return grown

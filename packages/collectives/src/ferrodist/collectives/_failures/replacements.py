@@ -7,7 +7,8 @@ where in ``joiner-RANK.json`` there (``join``); at a commit point the group's me
 the directory (``waiting``: the lowest member reads it and tells the others), each takes
 the replacements in over the transport (``admitted``: ``Transport.admit``), and the lowest
 writes the new group's members and name in ``group-RANK.json``, which the replacement waits
-for. Every file appears whole (written aside, then renamed) or not at all.
+for, with the addresses of the replacements taken in with it (they connect to each other).
+Every file appears whole (written aside, then renamed) or not at all.
 """
 
 from __future__ import annotations
@@ -72,10 +73,12 @@ def admitted(
     return members, f"{name}+{'.'.join(map(str, sorted(joiners)))}"
 
 
-def welcome(place: Path, joiners: Sequence[int], members: Sequence[int], name: str) -> None:
-    """Tell each replacement in ``joiners`` the group that took it in (the lowest member does)."""
-    for rank in joiners:
-        _write(place / f"group-{rank}.json", {"members": list(members), "name": name})
+def welcome(place: Path, joiners: Mapping[int, str], members: Sequence[int], name: str) -> None:
+    """Tell each replacement in ``joiners`` (rank -> address) the group that took it in, and
+    where the others taken in with it listen (the lowest member does)."""
+    together = {str(rank): address for rank, address in joiners.items()}
+    for rank in sorted(joiners):
+        _write(place / f"group-{rank}.json", {"members": list(members), "name": name, "joiners": together})
         (place / f"joiner-{rank}.json").unlink(missing_ok=True)
 
 
@@ -91,13 +94,15 @@ def announce(place: Path, rank: int, address: str) -> None:
     _write(place / f"joiner-{rank}.json", {"rank": rank, "address": address, "pid": os.getpid()})
 
 
-def taken_in(place: Path, rank: int) -> tuple[list[int], str] | None:
-    """The members and name of the group that took replacement ``rank`` in, once written."""
+def taken_in(place: Path, rank: int) -> tuple[list[int], str, dict[int, str]] | None:
+    """The members and name of the group that took replacement ``rank`` in, and the
+    replacements taken in with it (rank -> address), once written."""
     try:
         record = json.loads((place / f"group-{rank}.json").read_text())
     except (OSError, ValueError):
         return None
-    return [int(r) for r in record["members"]], str(record["name"])
+    together = {int(r): str(address) for r, address in record.get("joiners", {}).items()}
+    return [int(r) for r in record["members"]], str(record["name"]), together
 
 
 def join(timeout: float, start_timeout: float) -> tuple[TcpTransport, tuple[int, ...], str]:
@@ -110,12 +115,14 @@ def join(timeout: float, start_timeout: float) -> tuple[TcpTransport, tuple[int,
             f"launcher; got {place}, RANK={rank}, WORLD_SIZE={size}"
         )
     names: list[str] = []
+    together: dict[int, str] = {}
 
     def members() -> list[int] | None:
         found = taken_in(place, rank)
         if found is None:
             return None
         names[:] = [found[1]]
+        together.update(found[2])
         return found[0]
 
     transport, group = TcpTransport.join(
@@ -126,5 +133,6 @@ def join(timeout: float, start_timeout: float) -> tuple[TcpTransport, tuple[int,
         timeout=timeout,
         host=local_address(os.environ.get("MASTER_ADDR", "127.0.0.1")),
         start_timeout=start_timeout,
+        others=lambda: together,
     )
     return transport, group, names[0]

@@ -5,13 +5,14 @@ group it joins each dial it (``dial``: the token handshake, then HELLO frames bo
 in the mesh of a start) and put the new connection in the place of their link to the lost
 rank. The replacement takes their connections (``take``) until every member of the group
 it was told of has connected; processes without the token are refused as at a start.
+Replacements taken in together connect to each other: each dials those of higher rank.
 """
 
 from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ferrodist.core import CollectiveTimeout, FerrodistError, InvalidArgument, ProtocolError
 from ferrodist.transport._frames import HELLO, encode_header
@@ -56,14 +57,18 @@ def take(
     members: Callable[[], Sequence[int] | None],
     deadline: float,
     what: str,
+    others: Callable[[], Mapping[int, str]] | None = None,
 ) -> Iterator[tuple[int, socket.socket]]:
     """Listen on ``host``, ``announce`` the address (``host:port``), and yield ``(peer,
     socket)`` for each rank of the job that dials in, until ``members()`` (None until the
     group is known) have all connected. A process without the token is refused; one that
-    introduces itself wrongly, or a second time, is refused too."""
+    introduces itself wrongly, or a second time, is refused too. ``others()``, once the
+    group is known: the replacements taken in with this one (rank -> where each listens),
+    of which this one dials those of higher rank (the others dial it)."""
     listener = listen(host, 0, what)
     gate = Gate(listener, key, what, Refusals(), hello=True)
     joined: set[int] = set()
+    dialed = False
     try:
         announce(f"{host}:{listener.getsockname()[1]}")
         while True:
@@ -71,6 +76,12 @@ def take(
             if group is not None:
                 if rank not in group:
                     raise InvalidArgument(f"{what}: the group this rank was to join ({list(group)}) does not hold it")
+                if not dialed and others is not None:
+                    dialed = True
+                    for other, address in sorted(others().items()):
+                        if other > rank and other in group and other not in joined:
+                            joined.add(other)
+                            yield other, dial(address, key, rank, world_size, other, deadline, what)
                 if set(group) - {rank} <= joined:
                     return
             left = deadline - time.monotonic()

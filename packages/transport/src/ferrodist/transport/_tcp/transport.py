@@ -26,7 +26,7 @@ import copy
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -333,12 +333,15 @@ class TcpTransport:
         token: bytes | None = None,
         host: str = "127.0.0.1",
         start_timeout: float | None = None,
+        others: Callable[[], Mapping[int, str]] | None = None,
     ) -> tuple[TcpTransport, tuple[int, ...]]:
         """Take the place of lost rank ``rank`` in a running job: listen on ``host`` and
         ``announce`` where (``host:port``); the live ranks of the group that takes this
-        rank in dial it (``admit``), each proving the job's token. Returns the transport
-        and the group's members (global ranks) once ``members()`` (None until it is known)
-        have all connected; the other ranks of the world count as gone."""
+        rank in dial it (``admit``), each proving the job's token, and so do the other
+        replacements taken in with it of lower rank (``others()``: rank -> address, once the
+        group is known; this one dials those of higher rank). Returns the transport and the
+        group's members (global ranks) once ``members()`` (None until it is known) have all
+        connected; the other ranks of the world count as gone."""
         start_timeout = timeout if start_timeout is None else start_timeout
         deadline = time.monotonic() + start_timeout
         what = f"rank {rank}: joining a running job of {world_size} ranks"
@@ -347,7 +350,7 @@ class TcpTransport:
         self = cls(rank, world_size, timeout=timeout, max_frame_bytes=limit)
         self._key = secret.key
         try:
-            for peer, sock in take(host, secret.key, rank, world_size, announce, members, deadline, what):
+            for peer, sock in take(host, secret.key, rank, world_size, announce, members, deadline, what, others):
                 self._add_link(peer, sock)
         except BaseException:
             self.close()
