@@ -53,6 +53,23 @@ def _pair_without_rank_2(tmp_path, monkeypatch, size: int = 3):
     return world, pair
 
 
+def _member(place, group, waiting: int):
+    """A member of ``group`` that, once ``waiting`` replacements have said where they listen
+    in ``place``, takes them in and all_reduces its global rank + 1 with them."""
+
+    def run():
+        for _ in range(500):
+            if len(replacements.waiting(place, group.ranks)) == waiting:
+                break
+            threading.Event().wait(0.01)
+        grown = admit_replacements(group)
+        x = np.array([float(group.global_rank + 1)])
+        grown.all_reduce(x)
+        return grown.ranks, x[0]
+
+    return run
+
+
 def test_a_replacement_joins_and_computes_with_the_members(tmp_path, monkeypatch):
     world, pair = _pair_without_rank_2(tmp_path, monkeypatch)
 
@@ -77,21 +94,8 @@ def test_a_replacement_joins_and_computes_with_the_members(tmp_path, monkeypatch
         t.close()
         return joined.ranks, x[0]
 
-    def member(group):
-        def run():
-            for _ in range(500):  # until the replacement has said where it listens
-                if replacements.waiting(tmp_path, group.ranks):
-                    break
-                threading.Event().wait(0.01)
-            grown = admit_replacements(group)
-            x = np.array([float(group.global_rank + 1)])
-            grown.all_reduce(x)
-            return grown.ranks, x[0]
-
-        return run
-
     try:
-        results = _threads([member(pair[0]), member(pair[1]), replacement])
+        results = _threads([_member(tmp_path, pair[0], 1), _member(tmp_path, pair[1], 1), replacement])
     finally:
         for t in world:
             t.close()
@@ -134,21 +138,9 @@ def test_replacements_taken_in_together_connect_to_each_other(tmp_path, monkeypa
 
         return run
 
-    def member(group):
-        def run():
-            for _ in range(500):  # until both replacements have said where they listen
-                if len(replacements.waiting(tmp_path, group.ranks)) == 2:
-                    break
-                threading.Event().wait(0.01)
-            grown = admit_replacements(group)
-            x = np.array([float(group.global_rank + 1)])
-            grown.all_reduce(x)
-            return grown.ranks, x[0]
-
-        return run
-
     try:
-        results = _threads([member(pair[0]), member(pair[1]), replacement(2), replacement(3)])
+        members = [_member(tmp_path, pair[0], 2), _member(tmp_path, pair[1], 2)]
+        results = _threads([*members, replacement(2), replacement(3)])
     finally:
         for t in world:
             t.close()
