@@ -6,7 +6,11 @@ other stage, stands by at each commit point; pipeline 0 trains on alone from the
 step 10. The launcher's replacement for rank 3 joins at a commit point and gets stage 1's
 commit from rank 1, rank 2 gets stage 0's newest from rank 0, and both pipelines train on.
 
-    pipeline.py OUTDIR
+    pipeline.py OUTDIR [PIPELINES]
+
+With PIPELINES 1 (``ferrodist run -n 1:2``): one pipeline of two stages, no replicas, and
+``State(backup=True)``: rank 0 is left alone when rank 1 is lost, stands by until the
+replacement joins, and the replacement gets stage 1's commit from the copy rank 0 kept.
 
 Each rank writes OUTDIR/rank{R}-{pid}.json: the step and members of each call of ``train``,
 its stage's final parameters, and (rank 0) the pipelines each step was last trained by.
@@ -43,20 +47,24 @@ def batch(step: int, line: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def main() -> None:
-    outdir = Path(sys.argv[1])
+    outdir, pipelines = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 2
     world = dist.init_process_group("auto", timeout=10)
     me = world.global_rank
     line, index = divmod(me, 2)  # which pipeline, which stage
     stage = split_sequential(model(), 2)[index]
     opt = nn.SGD(stage.parameters(), lr=0.05)
-    state = State(model=stage, optimizer=opt, step=0, role=lambda rank: rank % 2)
+    state = State(model=stage, optimizer=opt, step=0, role=lambda rank: rank % 2, backup=pipelines == 1)
+    victim = 2 * pipelines - 1  # the last stage of the last pipeline
     calls: list[list] = []
     trained: dict[int, list[int]] = {}  # step -> the pipelines that trained it (the last time)
 
     def train(s: State) -> None:
         group = s.group
-        lines = [k for k in range(2) if {2 * k, 2 * k + 1} <= set(group.ranks)]
+        lines = [k for k in range(pipelines) if {2 * k, 2 * k + 1} <= set(group.ranks)]
         calls.append([s.step, list(group.ranks)])
+        if not lines:  # no pipeline is whole: wait for the replacement (Regrouped)
+            s.stand_by(wait=30)
+            raise RuntimeError(f"rank {me}: no replacement joined within 30 s")
         if line not in lines:  # the other stage of this pipeline is lost: keep the place
             while s.step < STEPS:
                 s.step += 1
@@ -67,7 +75,7 @@ def main() -> None:
         replicas = group.subgroup([2 * k + index for k in lines], name=f"{group.name}/stage{index}")
         ddp = DDP(stage, group=replicas)
         while s.step < STEPS:
-            if me == 3 and s.step == LOST_AT and not dist.is_replacement():
+            if me == victim and s.step == LOST_AT and not dist.is_replacement():
                 os.kill(os.getpid(), signal.SIGKILL)
             x, y = batch(s.step, line)
             opt.zero_grad()

@@ -12,12 +12,16 @@ Where ranks hold different states (the stages of a pipeline), ``role`` says whic
 same (a function of the global rank, e.g. the stage): ``sync`` then brings each rank to the
 newest commit of its role, from the lowest rank of that role holding it. A rank whose role
 no complete pipeline uses after a failure keeps its place with ``stand_by()`` at each
-commit point, without committing, until replacements make its pipeline whole again.
+commit point, without committing, until replacements make its pipeline whole again. With
+``backup=True`` each commit is also kept by the next rank of the group, so that a role
+whose every holder is lost (a pipeline's stage without replicas) comes back from that copy.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +32,12 @@ from ferrodist.collectives import (
     all_gather_object,
     broadcast_object_list,
     default_group,
+    recv_object_list,
+    send_object_list,
 )
 from ferrodist.core import InvalidArgument
+
+_LOOK = 0.1  # seconds between a stand-by's looks for replacements (``stand_by(wait=)``)
 
 
 class Regrouped(Exception):
@@ -60,7 +68,10 @@ class State:
     ``role``: for ranks that do not all hold the same state, which do (see the module's
     docstring): ``role(global_rank)`` is the same value on the ranks that hold the same
     state, e.g. ``lambda rank: rank % 2`` for the stage of a pipeline of two stages
-    replicated across pipelines.
+    replicated across pipelines. ``backup``: at each commit, also send it to the next rank
+    of the group (group rank + 1, the last to the first), which keeps it beside its own: a
+    role whose every holder is lost comes back from there (twice the memory, and the
+    commit's bytes sent once per commit).
 
     Example::
 
@@ -71,7 +82,12 @@ class State:
     """
 
     def __init__(
-        self, group: ProcessGroup | None = None, *, role: Callable[[int], Hashable] | None = None, **entries: Any
+        self,
+        group: ProcessGroup | None = None,
+        *,
+        role: Callable[[int], Hashable] | None = None,
+        backup: bool = False,
+        **entries: Any,
     ) -> None:
         if not entries:
             raise InvalidArgument("State: give it what to keep, e.g. State(model=net, optimizer=opt, step=0)")
@@ -83,6 +99,8 @@ class State:
         self._values = {name: value for name, value in entries.items() if name not in self._objects}
         self._commit: Commit | None = None
         self._commits = 0  # commits made on this rank (or received): the number of the last
+        self._backup = bool(backup)
+        self._kept: tuple[Any, Commit] | None = None  # (role, commit) of the previous rank, with backup
 
     # -- what the loop sees --------------------------------------------------------------------
     @property
@@ -129,18 +147,48 @@ class State:
         ``ferrodist run -n MIN:MAX``), which get the commit from a peer, and raise
         ``Regrouped`` if any did. Every rank of the group commits at the same steps."""
         self.snapshot()
+        if self._backup:
+            self._pass_on()
         self.stand_by()
 
-    def stand_by(self) -> None:
+    def _pass_on(self) -> None:
+        """Send this commit to the next rank of the group and keep the previous rank's (the
+        ranks of even group rank send first, so that the ring of messages cannot wait on itself)."""
+        group = self._group
+        if group.size < 2:
+            return
+        mine, got = [self._role_of(group.global_rank), self._commit], [None, None]
+        after, before = (group.rank + 1) % group.size, (group.rank - 1) % group.size
+        if group.rank % 2 == 0:
+            send_object_list(mine, group=group, group_dst=after)
+            recv_object_list(got, group=group, group_src=before)
+        else:
+            recv_object_list(got, group=group, group_src=before)
+            send_object_list(mine, group=group, group_dst=after)
+        self._kept = (got[0], got[1])  # type: ignore[assignment]
+
+    def _role_of(self, rank: int) -> Any:
+        return None if self._role is None else self._role(rank)
+
+    def stand_by(self, wait: float = 0.0) -> None:
         """A commit point without the commit: take in the replacements waiting to join, as
         ``commit`` does (and raise ``Regrouped`` if any did), for a rank that keeps its place
         but does not train (a stage of a pipeline that lost another stage: see ``role``); it
-        gets its role's newest commit when they join."""
-        grown = admit_replacements(self._group)
-        if grown is not None:
-            self._group = grown
-            self.sync()
-            raise Regrouped(f"ranks {list(grown.ranks)} train on from commit #{self._commits}")
+        gets its role's newest commit when they join.
+
+        ``wait``: where no rank of the group trains (every one stands by: a pipeline without
+        replicas that lost a stage), look again every 0.1 s for up to ``wait`` seconds (the
+        same number of looks on every rank, each a collective) and return only if none
+        came. Where others train, leave it 0: they call ``commit`` once per commit point."""
+        looks = max(1, math.ceil(wait / _LOOK)) if wait > 0 else 1
+        for look in range(looks):
+            if look:
+                time.sleep(_LOOK)
+            grown = admit_replacements(self._group)
+            if grown is not None:
+                self._group = grown
+                self.sync()
+                raise Regrouped(f"ranks {list(grown.ranks)} train on from commit #{self._commits}")
 
     def snapshot(self) -> None:
         """``commit`` on this rank alone: the copy, without looking for replacements."""
@@ -175,24 +223,29 @@ class State:
         """
         group = self._group
         found: list[Any] = [None] * group.size
-        mine = None if self._role is None else self._role(group.global_rank)
-        all_gather_object(found, (self._commits, mine), group=group)
+        kept = (None, 0) if self._kept is None else (self._kept[0], self._kept[1].number)
+        all_gather_object(found, (self._commits, self._role_of(group.global_rank), *kept), group=group)
         roles: dict[Any, list[int]] = {}
-        for rank, (_, role) in enumerate(found):
+        for rank, (_, role, _, _) in enumerate(found):
             roles.setdefault(role, []).append(rank)
         source = -1
         for role, holders in roles.items():  # the same order on every rank: by their lowest rank
             numbers = [found[rank][0] for rank in holders]
-            newest, first = max(numbers), holders[numbers.index(max(numbers))]
+            copies = [rank for rank, entry in enumerate(found) if entry[2] == role and entry[3] > max(numbers)]
+            if copies:  # a backup newer than any holder's commit (its holders were lost)
+                first = max(copies, key=lambda rank: (found[rank][3], -rank))
+                newest, carried = found[first][3], [self._kept[1] if group.rank == first else None]  # type: ignore[index]
+            else:
+                newest, first = max(numbers), holders[numbers.index(max(numbers))]
+                carried = [self._commit if group.rank == first else None]
             if newest == 0:
                 whose = "" if self._role is None else f" of role {role!r} (ranks {[group.ranks[r] for r in holders]})"
                 raise InvalidArgument(
                     f"rank {group.global_rank}: State.sync: no rank of group {group.name}{whose} holds a commit: "
                     "call commit() before the first failure; a state every holder of which was lost is gone from "
-                    "memory (start again from a checkpoint)"
+                    "memory (State(backup=True) keeps a copy on another rank; or start again from a checkpoint)"
                 )
-            if any(number != newest for number in numbers):
-                carried = [self._commit if group.rank == first else None]
+            if copies or any(number != newest for number in numbers):
                 broadcast_object_list(carried, group=group, group_src=first)
                 if group.rank in holders:
                     self._commit, self._commits = carried[0], newest
