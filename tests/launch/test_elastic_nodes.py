@@ -83,13 +83,15 @@ def test_judge_does_not_blame_the_ranks_an_elastic_node_went_on_without():
     assert (blamed.exit_code, blamed.failed_rank, blamed.failed_node) == (137, 3, 1)
 
 
-def _two_launchers(shape: str, script: Path, *args: str) -> tuple[list[int], list[str]]:
-    """``ferrodist run --nnodes 2 -n SHAPE`` twice on 127.0.0.1: the codes and outputs."""
+def _two_launchers(shape: str, script: Path, *args: str, second: str | None = None) -> tuple[list[int], list[str]]:
+    """``ferrodist run --nnodes 2 -n SHAPE`` twice on 127.0.0.1 (node 1 with ``-n SECOND``
+    when given): the codes and outputs."""
     env = {k: v for k, v in os.environ.items() if k not in _PLACE}
     env.update(FERRODIST_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
     port, procs = str(free_port()), []
     for node in (0, 1):
-        options = ["--nnodes", "2", "--node-rank", str(node), "--master-port", port, "-n", shape]
+        mine = second if node == 1 and second is not None else shape
+        options = ["--nnodes", "2", "--node-rank", str(node), "--master-port", port, "-n", mine]
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "ferrodist.launch", "run", *options, str(script), *args],
@@ -146,3 +148,15 @@ def test_a_node_that_loses_a_rank_above_its_minimum_lets_the_job_finish(tmp_path
     results = {int(f.stem[4:]): json.loads(f.read_text()) for f in tmp_path.glob("rank*.json")}
     assert sorted(results) == [0, 1, 3]
     assert all(r["outcome"] == "done" and r["ranks"] == [0, 1, 3] and not r["wrong"] for r in results.values())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("first", "second"), [("1:2", "2"), ("2", "1:2")])
+def test_nodes_started_elastic_and_not_are_refused_on_both_before_any_rank_starts(tmp_path, first, second):
+    """One node's ranks would look for replacements at each commit and the other's not: their
+    collectives would not match. Both launchers end the job at the start, saying why."""
+    codes, outputs = _two_launchers(first, SCRIPTS / "grow.py", str(tmp_path), second=second)
+    assert codes == [1, 1], outputs
+    for out in outputs:
+        assert "node 1 (" in out and "-n MIN:MAX (elastic)" in out and "give every launcher MIN:MAX, or none" in out
+    assert not list(tmp_path.glob("rank*.json"))  # no rank ran

@@ -191,7 +191,9 @@ def run(
     try:
         restart = 0
         while True:
-            where = _Where(nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence)
+            where = _Where(
+                nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence, tolerate > 0
+            )
             result, restart, started = _attempt(
                 where, argv, console, signals, grace, log_dir, extra_env, restart, tolerate
             )
@@ -224,6 +226,7 @@ class _Where(NamedTuple):
     token: str
     join_timeout: float
     silence: float
+    elastic: bool = False  # -n MIN:MAX
 
 
 def _attempt(
@@ -290,17 +293,17 @@ def _check(nprocs: int, command: Sequence[str], nnodes: int, node_rank: int, gra
 
 def _join(where: _Where, stop_fd: int, attempt: int = 0) -> tuple[Hub | Member, Placement]:
     """Meet the other nodes' launchers (see ``_nodes``): this node's link and placement."""
-    nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence = where
+    nprocs, nnodes, node_rank, master_addr, master_port, token, join_timeout, silence, elastic = where
     port = master_port or DEFAULT_NODES_PORT
     deadline = time.monotonic() + join_timeout
     if node_rank == 0:
-        hub = Hub(master_addr, port, nnodes=nnodes, nprocs=nprocs, token=token, silence=silence)
+        hub = Hub(master_addr, port, nnodes=nnodes, nprocs=nprocs, token=token, silence=silence, elastic=elastic)
         try:
             return hub, hub.gather(deadline, stop_fd, attempt)
         except BaseException:
             hub.close()
             raise
-    member = Member(node_rank, nnodes=nnodes, nprocs=nprocs, token=token, silence=silence)
+    member = Member(node_rank, nnodes=nnodes, nprocs=nprocs, token=token, silence=silence, elastic=elastic)
     try:
         return member, member.join(master_addr, port, deadline + _MEMBER_EXTRA, stop_fd)
     except BaseException:

@@ -25,10 +25,19 @@ class Hub(NodeLink):
     """Node 0's launcher: the control channel's server."""
 
     def __init__(
-        self, master_addr: str, master_port: int, *, nnodes: int, nprocs: int, token: str, silence: float
+        self,
+        master_addr: str,
+        master_port: int,
+        *,
+        nnodes: int,
+        nprocs: int,
+        token: str,
+        silence: float,
+        elastic: bool = False,
     ) -> None:
         super().__init__(0, silence)
         self.master_addr, self.master_port, self.nnodes, self.nprocs = master_addr, master_port, nnodes, nprocs
+        self.elastic = elastic
         self._token = token.encode()
         self._members: dict[int, Channel] = {}
         self._reports: dict[int, dict[str, object]] = {}
@@ -218,6 +227,15 @@ class Hub(NodeLink):
             self._abort(
                 f"ferrodist run: {who} was started with --nnodes {nnodes} but node 0 with --nnodes {self.nnodes}: "
                 "give every launcher the same --nnodes",
+                node,
+                extra=ch,
+            )
+        if bool(hello.get("elastic", False)) != self.elastic:
+            kinds = ("-n MIN:MAX (elastic)", "-n N")
+            theirs, ours = (kinds[0], kinds[1]) if hello.get("elastic") else (kinds[1], kinds[0])
+            self._abort(
+                f"ferrodist run: {who} was started with {theirs} but node 0 with {ours}: every node's ranks "
+                "must take replacements in at the same points, or none: give every launcher MIN:MAX, or none",
                 node,
                 extra=ch,
             )

@@ -22,9 +22,11 @@ __all__ = ["Member"]
 class Member(NodeLink):
     """The launcher of node 1, 2, ...: a client of node 0's."""
 
-    def __init__(self, node: int, *, nnodes: int, nprocs: int, token: str, silence: float) -> None:
+    def __init__(
+        self, node: int, *, nnodes: int, nprocs: int, token: str, silence: float, elastic: bool = False
+    ) -> None:
         super().__init__(node, silence)
-        self.nnodes, self.nprocs = nnodes, nprocs
+        self.nnodes, self.nprocs, self.elastic = nnodes, nprocs, elastic
         self._token = token.encode()
         self._hub: Channel | None = None
         self._hub_lost = False
@@ -71,6 +73,7 @@ class Member(NodeLink):
             node=self.node,
             nnodes=self.nnodes,
             nprocs=self.nprocs,
+            elastic=self.elastic,
             host=socket.gethostname(),
             pid=os.getpid(),
         )
