@@ -180,7 +180,7 @@ class State:
         replicas that lost a stage), look again every 0.1 s for up to ``wait`` seconds (the
         same number of looks on every rank, each a collective) and return only if none
         came. Where others train, leave it 0: they call ``commit`` once per commit point."""
-        looks = max(1, math.ceil(wait / _LOOK)) if wait > 0 else 1
+        looks = max(1, math.ceil(wait / _LOOK))  # one look without a wait
         for look in range(looks):
             if look:
                 time.sleep(_LOOK)
